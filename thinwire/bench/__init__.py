@@ -1,0 +1,24 @@
+"""`thinwire bench NAME`: benchmarks that write JSON and print a table.
+
+Benchmarks live in the package (not in a loose scripts folder) so that the installed `thinwire`
+command can run them; each module defines `register(bench_subparsers)` and a `run(...)` that
+returns its rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+# One module per benchmark; each defines `register(subparsers)`.
+BENCH_MODULES = [
+    "thinwire.bench.topk",
+]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("bench", help="run a benchmark (writes JSON, prints a table)")
+    bench_sub = parser.add_subparsers(dest="bench", metavar="BENCHMARK")
+    bench_sub.required = True
+    for module_name in BENCH_MODULES:
+        importlib.import_module(module_name).register(bench_sub)

@@ -1,0 +1,54 @@
+"""The `thinwire` command.
+
+Each feature area registers its own subcommands through a `register(subparsers)` function, so this
+file only wires them together; the work lives next to the code it drives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from thinwire import __version__
+
+
+# One module per feature area; each defines `register(subparsers)`.
+COMMAND_MODULES = [
+    "thinwire.bench",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = argparse.ArgumentParser(
+        prog="thinwire",
+        description="Distributed training for clusters whose network is the bottleneck.",
+    )
+    parser.add_argument("--version", action="version", version=f"thinwire {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        # Bad input: one clear line, no traceback.
+        print(f"thinwire: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
