@@ -13,6 +13,7 @@ import importlib
 # One module per benchmark; each defines `register(subparsers)`.
 BENCH_MODULES = [
     "thinwire.bench.topk",
+    "thinwire.bench.optim",
 ]
 
 
