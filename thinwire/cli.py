@@ -16,6 +16,7 @@ from thinwire import __version__
 # One module per feature area; each defines `register(subparsers)`.
 COMMAND_MODULES = [
     "thinwire.bench",
+    "thinwire.cluster.cli",
 ]
 
 

@@ -1,0 +1,277 @@
+"""Run a torchrun job on the emulated cluster: one torchrun per node, output streamed, always cleaned.
+
+`run(spec, command)` builds the network (unless `spec.shaping` is False), starts
+`python -m torch.distributed.run --nnodes N --node-rank i --nproc-per-node G ...` per node inside
+its namespace with a static rendezvous at node 0, streams every line with a `[node<i> rank<r>]`
+prefix, and stops the whole job as soon as one node fails, the timeout passes or a signal
+arrives. Namespaces, veths and qdiscs are deleted in every case.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Iterator
+
+from thinwire.cluster.netns import Network, kill_namespace_processes
+from thinwire.cluster.spec import ClusterSpec
+
+log = logging.getLogger(__name__)
+
+MASTER_PORT_IN_NAMESPACE = 29500  # each run's namespaces are fresh, so this port is always free
+TERMINATE_GRACE_S = 5.0
+EXIT_TIMEOUT = 124
+
+
+def validate_command(command: list[str]) -> None:
+    """`command` is what torchrun takes after its options: SCRIPT [ARGS] or -m MODULE [ARGS]."""
+    if not isinstance(command, (list, tuple)) or not all(isinstance(c, str) for c in command):
+        raise ValueError(f"command must be a list of strings, got {command!r}")
+    if not command:
+        raise ValueError("command is empty: give a script (train.py [ARGS]) or -m MODULE [ARGS]")
+    if command[0] == "-m":
+        if len(command) < 2 or not command[1] or command[1].startswith("-"):
+            raise ValueError(f"command: -m needs a module name, got {command!r}")
+        try:
+            found = importlib.util.find_spec(command[1]) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise ValueError(f"command: module {command[1]!r} not found by {sys.executable}")
+    elif command[0].startswith("-"):
+        raise ValueError(f"command must start with a script path or -m MODULE, got option "
+                         f"{command[0]!r}")
+    elif not Path(command[0]).is_file():
+        raise FileNotFoundError(f"command: script {command[0]!r} not found "
+                                f"(relative to {os.getcwd()})")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def node_env(spec: ClusterSpec, node: int, ifname: str, extra: dict | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in (extra or {}).items()})
+    env.update({
+        "GLOO_SOCKET_IFNAME": ifname,
+        "TP_SOCKET_IFNAME": ifname,
+        "THINWIRE_RANKS_PER_NODE": str(spec.ranks_per_node),
+        "THINWIRE_NODES": str(spec.nodes),
+        "THINWIRE_CLUSTER_SHAPED": "1" if spec.shaping else "0",
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.setdefault("OMP_NUM_THREADS", "1")
+    # torchrun --tee prefixes each rank's lines with this (it fills in ${rank}).
+    env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = f"[node{node} rank${{rank}}]: "
+    return env
+
+
+def torchrun_argv(spec: ClusterSpec, node: int, master_addr: str, master_port: int,
+                  log_dir: str, command: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run",
+            "--nnodes", str(spec.nodes), "--node-rank", str(node),
+            "--nproc-per-node", str(spec.ranks_per_node),
+            "--master-addr", master_addr, "--master-port", str(master_port),
+            "--max-restarts", "0", "--log-dir", os.path.join(log_dir, f"node{node}"),
+            "--tee", "3", *command]
+
+
+def _stream(proc: subprocess.Popen, node: int, output: IO[str], lock: threading.Lock) -> None:
+    """Copy one torchrun's output line by line; lines without a rank prefix get the node's."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if not line.startswith("[node"):
+            line = f"[node{node}] {line}"
+        with lock:
+            output.write(line if line.endswith("\n") else line + "\n")
+            output.flush()
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _stop(procs: list[subprocess.Popen], network: Network | None) -> None:
+    """SIGTERM every torchrun (it stops its ranks), then SIGKILL whatever is left."""
+    alive = [p for p in procs if p.poll() is None]
+    tree = {pid for p in alive for pid in _descendants(p.pid)}
+    for p in alive:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + TERMINATE_GRACE_S
+    for p in alive:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    tree |= {pid for p in alive if p.poll() is None for pid in _descendants(p.pid)}
+    for pid in tree | {p.pid for p in alive if p.poll() is None}:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if network is not None and network.created:
+        for node in range(network.spec.nodes):
+            kill_namespace_processes(network.node_ns(node))
+    for p in procs:
+        try:
+            p.wait(timeout=TERMINATE_GRACE_S)
+        except subprocess.TimeoutExpired:
+            log.error("process %d did not exit after SIGKILL", p.pid)
+
+
+class _Signalled(BaseException):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _signals_raise() -> Iterator[None]:
+    """In the main thread, SIGINT and SIGTERM raise `_Signalled`, so `finally` blocks run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise _Signalled(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+@contextmanager
+def _signals_blocked() -> Iterator[None]:
+    """Teardown must not be interrupted half-way by a second Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
+        timeout_s: float | None = None, output: IO[str] | None = None) -> int:
+    """Run `command` (SCRIPT [ARGS] or -m MODULE [ARGS]) on every rank of `spec`'s cluster.
+
+    Returns 0 if every rank succeeded; otherwise the first failing node's torchrun status,
+    124 on timeout. SIGINT raises KeyboardInterrupt and SIGTERM SystemExit(143) after cleanup.
+    """
+    if not isinstance(spec, ClusterSpec):
+        raise TypeError(f"spec must be a ClusterSpec, got {type(spec).__name__}")
+    validate_command(list(command))
+    if timeout_s is not None and not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0 seconds or None, got {timeout_s!r}")
+    output = output if output is not None else sys.stdout
+    network = Network(spec, new_run_id()) if spec.shaping else None
+    procs: list[subprocess.Popen] = []
+    threads: list[threading.Thread] = []
+    log_dir = tempfile.mkdtemp(prefix="thinwire-cluster-logs-")
+    try:
+        with _signals_raise():
+            try:
+                _start(spec, list(command), env, network, log_dir, output, procs, threads)
+                return _wait(procs, timeout_s)
+            finally:
+                # Signals stay pending (not lost) until the cleanup is complete.
+                with _signals_blocked():
+                    _stop(procs, network)
+                    for thread in threads:
+                        thread.join(timeout=2.0)
+                    shutil.rmtree(log_dir, ignore_errors=True)
+                    if network is not None:
+                        network.teardown()
+    except _Signalled as sig:
+        log.warning("received %s: cluster run stopped and cleaned up",
+                    signal.Signals(sig.signum).name)
+        if sig.signum == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise SystemExit(128 + sig.signum) from None
+
+
+def _start(spec: ClusterSpec, command: list[str], env: dict | None, network: Network | None,
+           log_dir: str, output: IO[str], procs: list[subprocess.Popen],
+           threads: list[threading.Thread]) -> None:
+    """Build the network and start one torchrun per node (appending to `procs` as it goes, so
+    that a failure half-way still lets the caller stop what was started)."""
+    if network is not None:
+        network.create()
+        master_addr, port = network.node_addr(0), MASTER_PORT_IN_NAMESPACE
+    else:
+        master_addr, port = "127.0.0.1", free_port()
+    lock = threading.Lock()
+    for node in range(spec.nodes):
+        prefix = network.exec_prefix(node) if network else []
+        argv = prefix + torchrun_argv(spec, node, master_addr, port, log_dir, command)
+        ifname = "eth0" if network else "lo"
+        log.debug("node %d: %s", node, " ".join(argv))
+        proc = subprocess.Popen(
+            argv, env=node_env(spec, node, ifname, env), text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, bufsize=1, errors="replace")
+        procs.append(proc)
+        thread = threading.Thread(target=_stream, args=(proc, node, output, lock), daemon=True)
+        thread.start()
+        threads.append(thread)
+    log.info("cluster run: %s (%d ranks): %s", spec.describe(), spec.world_size,
+             " ".join(command))
+
+
+def _wait(procs: list[subprocess.Popen], timeout_s: float | None) -> int:
+    """0 when all nodes succeed; as soon as one fails or time runs out, the status to report."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        codes = [p.poll() for p in procs]
+        for node, code in enumerate(codes):
+            if code not in (None, 0):
+                if any(c is None for c in codes):
+                    log.error("node %d exited with status %d: stopping the other nodes", node, code)
+                return code if code > 0 else 128 - code  # killed by a signal: shell convention
+        if all(c == 0 for c in codes):
+            return 0
+        if deadline is not None and time.monotonic() > deadline:
+            log.error("cluster run timed out after %.0f s: stopping all ranks", timeout_s)
+            return EXIT_TIMEOUT
+        time.sleep(0.1)
