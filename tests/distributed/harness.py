@@ -1,0 +1,62 @@
+"""Run a function on W gloo ranks in fresh processes and collect what each returns.
+
+Rendezvous through a FileStore in a temporary directory (no ports), one process per rank, and a
+hard timeout so that a collective mismatch fails the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+TIMEOUT_S = 240
+
+
+def _entry(rank: int, world_size: int, store_dir: str, fn, args, kwargs):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    store = dist.FileStore(os.path.join(store_dir, "store"), world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    out_path = os.path.join(store_dir, f"rank{rank}.pkl")
+    try:
+        result = ("ok", fn(rank, world_size, *args, **kwargs))
+    except BaseException as exc:  # reported to the test, with the rank's traceback
+        result = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+    with open(out_path + ".tmp", "wb") as handle:
+        pickle.dump(result, handle)
+    os.replace(out_path + ".tmp", out_path)
+
+
+def run_ranks(fn, world_size: int, *args, **kwargs) -> list:
+    """``fn(rank, world_size, *args, **kwargs)`` on every rank; returns the results by rank.
+
+    Raises RuntimeError naming the first failing rank with its traceback."""
+    with tempfile.TemporaryDirectory(prefix="thinwire-test-") as store_dir:
+        context = mp.start_processes(_entry, args=(world_size, store_dir, fn, args, kwargs),
+                                     nprocs=world_size, join=False, start_method="spawn")
+        import time
+        deadline = time.monotonic() + TIMEOUT_S
+        while not context.join(timeout=1):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    process.kill()
+                raise RuntimeError(f"ranks did not finish within {TIMEOUT_S} s")
+        results = []
+        for rank in range(world_size):
+            with open(os.path.join(store_dir, f"rank{rank}.pkl"), "rb") as handle:
+                status, value = pickle.load(handle)
+            if status != "ok":
+                raise RuntimeError(f"rank {rank} failed: {value}")
+            results.append(value)
+        return results

@@ -1,0 +1,153 @@
+"""Each algorithm against the single-process reference, on several gloo processes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from harness import run_ranks
+from reference import Reference, gradient
+import workers
+
+LENGTHS = [1001, 3000]  # one bucket each; 1001 does not divide evenly into shards
+STEPS = 3
+DENSITY = 0.05
+ALGORITHMS = ["allreduce", "hier_allreduce", "topk_allgather", "hitopk"]
+
+
+def _expected(algorithm, nodes, n, density):
+    refs = [Reference(algorithm, nodes, n, density) for _ in LENGTHS]
+    world = nodes * n
+    per_step = []
+    for step in range(STEPS):
+        grads = [gradient(r, step, sum(LENGTHS)).split(LENGTHS) for r in range(world)]
+        per_step.append([ref.step([g[i] for g in grads]) for i, ref in enumerate(refs)])
+    return per_step, refs
+
+
+@pytest.fixture(scope="module", params=[(2, 2), (4, 2)], ids=["2x2", "4x2"])
+def shape(request):
+    return request.param
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_rank_holds_the_reference_result(shape, algorithm):
+    nodes, n = shape
+    results = run_ranks(workers.sync_steps, nodes * n, n, algorithm, DENSITY, LENGTHS, STEPS)
+    expected, refs = _expected(algorithm, nodes, n, DENSITY)
+    for rank, result in enumerate(results):
+        assert result["topology"] == (nodes, rank // n, rank % n)
+        for step in range(STEPS):
+            for got, want in zip(result["grads"][step], expected[step]):
+                torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    if algorithm in ("topk_allgather", "hitopk"):
+        _check_conservation(results, refs, algorithm, nodes * n)
+    _check_bytes(results, algorithm, nodes, n)
+
+
+def _check_conservation(results, refs, algorithm, world):
+    """Over the steps: applied (times W) plus everything held back = sum of raw gradients."""
+    for i, length in enumerate(LENGTHS):
+        raw = sum(gradient(r, s, sum(LENGTHS)).split(LENGTHS)[i]
+                  for r in range(world) for s in range(STEPS))
+        applied = sum(results[0]["grads"][s][i] for s in range(STEPS)) * world
+        # Residuals as the ranks hold them (bucket index i is parameter len-1-i: DDP order).
+        bucket = len(LENGTHS) - 1 - i
+        held = torch.zeros(length, dtype=torch.float64)
+        for rank, result in enumerate(results):
+            residual = result["feedback"]["residuals"][bucket]
+            if algorithm == "hitopk":  # this rank's shard of its node's sum, padding cut off
+                start = result["topology"][2] * residual.numel()
+                piece = residual[:max(0, length - start)]
+                held[start:start + piece.numel()] += piece
+            else:
+                held += residual
+        torch.testing.assert_close(applied + held, raw, rtol=0, atol=1e-10)
+        torch.testing.assert_close(held, refs[i].held_back(length), rtol=0, atol=1e-12)
+
+
+def _packed(k, value_bytes):
+    """k int32 indices and k values, each section padded to 8 bytes."""
+    return math.ceil(k * 4 / 8) * 8 + math.ceil(k * value_bytes / 8) * 8
+
+
+def _check_bytes(results, algorithm, m, n):
+    """Per-step bytes against PAPERS.md's ring formulas (float64 values, int32 indices)."""
+    w, b = m * n, 8
+    for rank, result in enumerate(results):
+        intra = inter = 0.0
+        last_local = (rank % n == n - 1) and m > 1
+        for d in LENGTHS:
+            padded = math.ceil(d / n) * n
+            if algorithm == "allreduce":
+                volume = 2 * (w - 1) / w * d * b
+                inter += volume if last_local else 0
+                intra += 0 if last_local else volume
+            elif algorithm == "hier_allreduce":
+                intra += 2 * (n - 1) / n * padded * b
+                inter += 2 * (m - 1) / m * (padded / n) * b
+            elif algorithm == "topk_allgather":
+                volume = (w - 1) * _packed(math.ceil(DENSITY * d), b)
+                inter += volume if last_local else 0
+                intra += 0 if last_local else volume
+            else:  # hitopk: 2(n-1)/n d intra, 2(m-1) * density*d/n entries inter
+                intra += 2 * (n - 1) / n * padded * b
+                inter += (m - 1) * _packed(math.ceil(DENSITY * padded / n), b)
+        assert result["last_step"]["bytes_intra"] == pytest.approx(intra)
+        assert result["last_step"]["bytes_inter"] == pytest.approx(inter)
+
+
+@pytest.mark.parametrize("algorithm", ["topk_allgather", "hitopk"])
+def test_topk_at_density_one_equals_dense(algorithm):
+    results = run_ranks(workers.sync_steps, 4, 2, algorithm, 1.0, LENGTHS, 2)
+    dense = run_ranks(workers.sync_steps, 4, 2, "allreduce", 1.0, LENGTHS, 2)
+    for got, want in zip(results, dense):
+        for step in range(2):
+            for a, b in zip(got["grads"][step], want["grads"][step]):
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_hooks_give_ddps_own_gradients():
+    variants = [("allreduce", dict(algorithm="allreduce")),
+                ("hier_allreduce", dict(algorithm="hier_allreduce")),
+                ("hitopk_dense", dict(algorithm="hitopk", density=1.0, dense_below_bytes=0)),
+                ("topk_dense", dict(algorithm="topk_allgather", density=1.0))]
+    results = run_ranks(workers.ddp_equivalence, 4, 2, variants)
+    for result in results:
+        for name, _ in variants:
+            for step, (got, want) in enumerate(zip(result[name], result["ddp"])):
+                for a, b in zip(got, want):
+                    torch.testing.assert_close(a, b, rtol=0, atol=1e-12,
+                                               msg=f"{name} step {step}")
+
+
+def test_fp16_and_bf16_on_the_wire_stay_close_to_the_exact_average():
+    for wire, tol in (("fp16", 2e-3), ("bf16", 2e-2)):
+        for algorithm in ("allreduce", "hier_allreduce", "hitopk"):
+            density = 1.0
+            results = run_ranks(workers.sync_steps, 4, 2, algorithm, density, LENGTHS, 1, wire)
+            expected, _ = _expected("allreduce", 2, 2, density)
+            for got, want in zip(results[0]["grads"][0], expected[0]):
+                torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+def test_checkpointed_state_restores_residuals_and_training_continues_bit_identically():
+    for result in run_ranks(workers.checkpoint_resume, 4, 2):
+        for index, residual in result["residuals_before"].items():
+            assert torch.equal(result["residuals_pickled"][index], residual)
+            assert torch.equal(result["residuals_state_dict"][index], residual)
+        assert result["residuals_before"], "hitopk must hold residuals after two steps"
+        for got, want in zip(result["resumed_params"], result["straight_params"]):
+            assert torch.equal(got, want)
+
+
+def test_topology_mismatch_fails_on_every_rank_instead_of_hanging():
+    messages = run_ranks(workers.topology_mismatch, 4)
+    assert all(m and "ranks_per_node differs between ranks" in m for m in messages)
+
+
+def test_second_registration_on_the_same_model_is_refused():
+    messages = run_ranks(workers.second_registration, 2)
+    assert all(m and "already registered" in m for m in messages)

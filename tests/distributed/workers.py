@@ -1,0 +1,121 @@
+"""Functions that run on every rank (imported by name in spawned processes)."""
+
+from __future__ import annotations
+
+import io
+import pickle
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import thinwire
+from thinwire.state import SyncState
+from thinwire.topology import Topology
+
+from reference import gradient
+
+
+def sync_steps(rank, world, ranks_per_node, algorithm, density, lengths, steps, wire=None):
+    """synchronize() on float64 parameters, one bucket per parameter, for several steps."""
+    topo = Topology.build(ranks_per_node)
+    state = SyncState(topo, algorithm, density, selector="exact", wire=wire, dense_below_bytes=0)
+    params = [nn.Parameter(torch.zeros(n, dtype=torch.float64)) for n in lengths]
+    out = []
+    for step in range(steps):
+        g = gradient(rank, step, sum(lengths))
+        for p, piece in zip(params, g.split(lengths)):
+            p.grad = piece.clone()
+        thinwire.synchronize(params, state, bucket_bytes=1)
+        out.append([p.grad.clone() for p in params])
+    return {"grads": out, "last_step": state.last_step, "feedback": state.feedback.state_dict(),
+            "topology": (topo.nodes, topo.node, topo.local_rank)}
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 5)).double()
+
+
+def _batch(rank, step):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(16, 20, generator=g, dtype=torch.float64), \
+        torch.randint(0, 5, (16,), generator=g)
+
+
+def _train(ddp, steps, start=0, opt=None):
+    opt = opt or torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    grads = []
+    for step in range(start, start + steps):
+        x, y = _batch(torch.distributed.get_rank(), step)
+        opt.zero_grad()
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        grads.append([p.grad.clone() for p in ddp.parameters()])
+        opt.step()
+    return grads, opt
+
+
+def ddp_equivalence(rank, world, ranks_per_node, variants):
+    """Gradients of DDP's default against thinwire's hooks, same model and data."""
+    out = {}
+    for name, kwargs in [("ddp", None)] + list(variants):
+        ddp = DDP(_model(), bucket_cap_mb=0.01)  # several buckets
+        if kwargs is not None:
+            thinwire.ddp.register(ddp, ranks_per_node=ranks_per_node, selector="exact", **kwargs)
+        out[name] = _train(ddp, 3)[0]
+    return out
+
+
+def checkpoint_resume(rank, world, ranks_per_node):
+    """Train 4 steps straight; and 2 steps, checkpoint, restore into fresh objects, 2 more."""
+    kwargs = dict(algorithm="hitopk", density=0.1, selector="exact",
+                  ranks_per_node=ranks_per_node, dense_below_bytes=0)
+    ddp = DDP(_model(), bucket_cap_mb=0.01)
+    state = thinwire.ddp.register(ddp, **kwargs)
+    _, opt = _train(ddp, 2)
+    blob = io.BytesIO()
+    torch.save({"model": ddp.module.state_dict(), "opt": opt.state_dict(),
+                "hook": state.state_dict()}, blob)
+    pickled_state = pickle.dumps(state)
+    residuals_before = state.feedback.state_dict()["residuals"]
+    straight, _ = _train(ddp, 2, start=2, opt=opt)
+    straight_params = [p.detach().clone() for p in ddp.parameters()]
+
+    blob.seek(0)
+    saved = torch.load(blob, weights_only=True)
+    model = _model(seed=123)
+    model.load_state_dict(saved["model"])
+    ddp2 = DDP(model, bucket_cap_mb=0.01)
+    topo = Topology.build(ranks_per_node)
+    restored = pickle.loads(pickled_state)
+    thinwire.ddp.register(ddp2, state=restored, topology=topo)
+    also = SyncState(None, "hitopk", 0.1, "exact")
+    also.load_state_dict(saved["hook"])
+    opt2 = torch.optim.SGD(ddp2.parameters(), lr=0.1, momentum=0.9)
+    opt2.load_state_dict(saved["opt"])
+    resumed, _ = _train(ddp2, 2, start=2, opt=opt2)
+    return {"straight": straight, "resumed": resumed,
+            "straight_params": straight_params,
+            "resumed_params": [p.detach().clone() for p in ddp2.parameters()],
+            "residuals_before": residuals_before,
+            "residuals_pickled": pickle.loads(pickled_state).feedback.state_dict()["residuals"],
+            "residuals_state_dict": also.feedback.state_dict()["residuals"]}
+
+
+def topology_mismatch(rank, world):
+    claimed = 2 if rank == 0 else 4
+    try:
+        Topology.build(claimed)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def second_registration(rank, world):
+    ddp = DDP(_model())
+    thinwire.ddp.register(ddp, algorithm="allreduce", ranks_per_node=1)
+    try:
+        thinwire.ddp.register(ddp, algorithm="allreduce", ranks_per_node=1)
+    except RuntimeError as exc:
+        return str(exc)
+    return None
