@@ -40,7 +40,7 @@ class SyncState:
         self.topology = topology
         self.steps = 0
         self.last_step: dict = {}
-        self.totals = {"bytes_intra": 0.0, "bytes_inter": 0.0, "select_s": 0.0, "comm_s": 0.0}
+        self.totals = _empty_step()
         self._current = _empty_step()
 
     # ------------------------------------------------------------------ the algorithm
@@ -55,6 +55,7 @@ class SyncState:
         return ALGORITHMS[self.algorithm](self, bucket_index, flat)
 
     def end_step(self) -> None:
+        self._current["comm_s"] = self._current["intra_s"] + self._current["inter_s"]
         self.last_step = dict(self._current)
         for key, value in self._current.items():
             self.totals[key] += value
@@ -69,6 +70,7 @@ class SyncState:
 
     @contextmanager
     def timer(self, what: str):
+        """Adds the wall time of the block to ``what`` ("select", "intra" or "inter")."""
         device_sync = torch.cuda.synchronize if torch.cuda.is_initialized() else None
         if device_sync:
             device_sync()
@@ -118,4 +120,7 @@ class SyncState:
 
 
 def _empty_step() -> dict:
-    return {"bytes_intra": 0.0, "bytes_inter": 0.0, "select_s": 0.0, "comm_s": 0.0}
+    # intra_s: collectives inside a node; inter_s: collectives that span nodes (the inter-node
+    # groups and the world group); comm_s = intra_s + inter_s.
+    return {"bytes_intra": 0.0, "bytes_inter": 0.0, "select_s": 0.0, "intra_s": 0.0,
+            "inter_s": 0.0, "comm_s": 0.0}

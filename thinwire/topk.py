@@ -173,12 +173,10 @@ def mstopk(x: torch.Tensor, k: int, iterations: int = 30,
     amax = amax.to(work)
     search = _ThresholdSearch(mean, amax, k, n, thresholds_per_pass)
 
-    # The GPU counts on all entries (no host read to size a working set); so does the CPU when
-    # no small working set is found.
-    members, magnitudes = (_first_working_set(flat, k, search) if flat.device.type == "cpu"
-                           else (None, None))
-    if members is None:
-        magnitudes = flat.abs().to(work)
+    if flat.device.type == "cpu":
+        members, magnitudes = _first_working_set(flat, k, search)
+    else:  # the GPU counts on all entries: no host read to size a working set
+        members, magnitudes = None, flat.abs().to(work)
     for _ in range(math.ceil(iterations / bits)):
         search.count_pass(magnitudes)
         if members is not None:
@@ -190,10 +188,8 @@ def mstopk(x: torch.Tensor, k: int, iterations: int = 30,
 
 
 def _first_working_set(flat: torch.Tensor, k: int, search: "_ThresholdSearch"):
-    """Entries above a threshold known (by an exact count) to keep more than k of them.
-
-    ``(None, None)`` when no small such set is found: the search then runs on all entries.
-    """
+    """Entries above a threshold known (by an exact count) to keep more than k of them; all
+    entries when no small such set is found (the passes then shrink it as they go)."""
     n = flat.numel()
     work = search.mean.dtype
     if n > 4 * _HINT_SAMPLE:
@@ -209,7 +205,7 @@ def _first_working_set(flat: torch.Tensor, k: int, search: "_ThresholdSearch"):
             if k < members.numel() <= n // 4:
                 search.known_floor = guess
                 return members, magnitudes
-    return None, None
+    return torch.arange(n), flat.abs().to(work)
 
 
 def _fill_from_band(flat, members, magnitudes, upper, k):

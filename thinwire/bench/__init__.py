@@ -14,6 +14,7 @@ import importlib
 BENCH_MODULES = [
     "thinwire.bench.topk",
     "thinwire.bench.optim",
+    "thinwire.bench.sync",
 ]
 
 

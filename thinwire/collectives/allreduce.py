@@ -16,7 +16,7 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     payload = to_wire(flat / topo.world_size, wire)
     if payload is flat:
         payload = payload.clone()
-    with state.timer("comm"):
+    with state.timer("inter"):
         dist.all_reduce(payload, group=topo.world)
     state.record(traffic.world_allreduce(topo, payload.numel(), payload.element_size()))
     return payload.to(flat.dtype)

@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 from thinwire.collectives import traffic
+from thinwire.collectives.primitives import reduce_scatter
 from thinwire.compress import to_wire
 
 
@@ -23,9 +24,11 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     n = topo.ranks_per_node
     full = padded(to_wire(flat / topo.world_size, state.wire_dtype), n)
     shard = torch.empty(full.numel() // n, dtype=full.dtype, device=full.device)
-    with state.timer("comm"):
-        dist.reduce_scatter_single(shard, full, group=topo.intra)
+    with state.timer("intra"):
+        reduce_scatter(shard, full, topo.intra, n)
+    with state.timer("inter"):
         dist.all_reduce(shard, group=topo.inter)
+    with state.timer("intra"):
         dist.all_gather_single(full, shard, group=topo.intra)
     size = full.element_size()
     state.record(traffic.intra_reduce_scatter(topo, full.numel(), size))

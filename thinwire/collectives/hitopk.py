@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from thinwire.collectives import allreduce, traffic
+from thinwire.collectives.primitives import reduce_scatter
 from thinwire.collectives.hier_allreduce import padded
 from thinwire.collectives.topk_allgather import sparse_exchange
 from thinwire.compress import to_wire
@@ -21,12 +22,12 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     n = topo.ranks_per_node
     full = padded(to_wire(flat, state.wire_dtype), n)
     shard = torch.empty(full.numel() // n, dtype=full.dtype, device=full.device)
-    with state.timer("comm"):
-        dist.reduce_scatter_single(shard, full, group=topo.intra)
+    with state.timer("intra"):
+        reduce_scatter(shard, full, topo.intra, n)
     corrected = state.feedback.add_residual(bucket_index, shard.to(flat.dtype))
     dense, block_bytes = sparse_exchange(state, bucket_index, corrected, topo.inter, topo.nodes)
     dense.div_(topo.world_size)
-    with state.timer("comm"):
+    with state.timer("intra"):
         dist.all_gather_single(full, to_wire(dense, state.wire_dtype), group=topo.intra)
     size = full.element_size()
     state.record(traffic.intra_reduce_scatter(topo, full.numel(), size))

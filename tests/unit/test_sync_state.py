@@ -1,0 +1,93 @@
+"""SyncState, compressors and error feedback without a process group."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from thinwire import compress
+from thinwire.feedback import ErrorFeedback
+from thinwire.state import SyncState
+from thinwire.sync import buckets
+
+
+def test_unknown_algorithm_lists_the_allowed_ones():
+    with pytest.raises(ValueError, match="algorithm must be one of allreduce, hier_allreduce, "
+                                         "topk_allgather, hitopk, got 'ring'"):
+        SyncState(None, "ring")
+
+
+@pytest.mark.parametrize("density", [0.0, 1.5, -1.0])
+def test_density_outside_unit_interval(density):
+    with pytest.raises(ValueError, match=r"density must be in \(0, 1\]"):
+        SyncState(None, "hitopk", density)
+
+
+def test_unknown_selector_and_wire_dtype():
+    with pytest.raises(ValueError, match="selector must be one of mstopk, exact, sampled"):
+        SyncState(None, "hitopk", 0.01, selector="sort")
+    with pytest.raises(ValueError, match="wire_dtype must be one of none, fp16, bf16, got 'int8'"):
+        SyncState(None, "allreduce", wire="int8")
+
+
+def test_non_float_gradients_are_rejected():
+    state = SyncState(object(), "allreduce")
+    with pytest.raises(TypeError, match="gradients must have a floating dtype, got torch.int64"):
+        state.reduce(0, torch.ones(4, dtype=torch.int64))
+
+
+def test_a_state_loaded_from_a_checkpoint_asks_for_its_topology():
+    state = pickle.loads(pickle.dumps(SyncState(None, "hitopk")))
+    with pytest.raises(RuntimeError, match="call state.attach"):
+        state.reduce(0, torch.ones(4))
+
+
+def test_state_dict_of_another_algorithm_is_refused():
+    saved = SyncState(None, "hitopk", 0.01).state_dict()
+    with pytest.raises(ValueError, match="checkpoint is for"):
+        SyncState(None, "topk_allgather", 0.01).load_state_dict(saved)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("k", [1, 3, 8, 13])
+@pytest.mark.parametrize("numel", [100, 2**31 + 1])
+def test_pack_unpack_round_trip_with_aligned_blocks(dtype, k, numel):
+    values = torch.randn(k).to(dtype)
+    indices = torch.randint(0, 100, (k,))
+    blocks = [compress.pack(values * (j + 1), indices + j, numel) for j in range(3)]
+    assert all(b.numel() == compress.packed_bytes(k, dtype, numel) for b in blocks)
+    assert compress.packed_bytes(k, dtype, numel) % 8 == 0
+    gathered = torch.cat(blocks)
+    for j, chunk in enumerate(gathered.chunk(3)):
+        got_values, got_indices = compress.unpack(chunk, k, dtype, numel)
+        assert torch.equal(got_values, values * (j + 1))
+        assert torch.equal(got_indices, indices + j)
+
+
+def test_error_feedback_adds_keeps_and_resets_on_a_new_layout():
+    feedback = ErrorFeedback()
+    c = feedback.add_residual(0, torch.tensor([1.0, 2.0, 3.0]))
+    feedback.keep(0, c, torch.tensor([1]))
+    assert torch.equal(feedback.residuals[0], torch.tensor([1.0, 0.0, 3.0]))
+    again = feedback.add_residual(0, torch.ones(3))
+    assert torch.equal(again, torch.tensor([2.0, 1.0, 4.0]))
+    feedback.layout = (2, 3)  # the bucket now holds other parameters
+    assert torch.equal(feedback.add_residual(0, torch.ones(3)), torch.ones(3))
+    assert torch.equal(feedback.add_residual(0, torch.ones(5)), torch.ones(5))
+
+
+def test_disabled_error_feedback_keeps_nothing():
+    feedback = ErrorFeedback(enabled=False)
+    c = feedback.add_residual(0, torch.ones(3))
+    feedback.keep(0, c, torch.tensor([0]))
+    assert feedback.residuals == {}
+
+
+def test_buckets_follow_ddp_reverse_order_and_split_by_size_and_dtype():
+    params = [torch.zeros(10), torch.zeros(10), torch.zeros(10, dtype=torch.float64),
+              torch.zeros(30)]
+    groups = buckets(params, bucket_bytes=80)
+    assert [[p.numel() for p in g] for g in groups] == [[30], [10], [10, 10]]
+    assert groups[1][0].dtype == torch.float64

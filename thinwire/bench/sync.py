@@ -1,0 +1,88 @@
+"""`thinwire bench sync`: one synchronisation of a ResNet-50-sized gradient per algorithm.
+
+Runs on the emulated cluster (or, with --no-shaping, on loopback) and reports per algorithm the
+median time of one synchronisation (slowest rank), bytes sent intra- and inter-node per rank
+(the ring model of thinwire.collectives.traffic), and the time split into selection and
+communication. Ratios to allreduce and topk_allgather come from the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+from thinwire.bench.report import format_table, write_json_atomic
+from thinwire.collectives import ALGORITHMS
+
+COLUMNS = ("algorithm", "median_s", "vs_allreduce", "vs_topk_allgather", "inter_mb", "intra_mb",
+           "select_s", "intra_s", "inter_s")
+
+
+def run(spec, size: int = 25_600_000, bucket_mb: float = 25.0, density: float = 0.01,
+        selector: str = "mstopk", algorithms=tuple(ALGORITHMS), repeats: int = 5,
+        timeout_s: float = 1800) -> dict:
+    from thinwire.cluster import run as run_on_cluster
+
+    with tempfile.TemporaryDirectory(prefix="thinwire-bench-sync-") as tmp:
+        out = os.path.join(tmp, "rows.json")
+        command = ["-m", "thinwire.bench.sync_worker", "--out", out, "--size", str(size),
+                   "--bucket-mb", str(bucket_mb), "--density", str(density),
+                   "--selector", selector, "--repeats", str(repeats),
+                   "--algorithms", *algorithms]
+        status = run_on_cluster(spec, command, timeout_s=timeout_s, output=sys.stderr)
+        if status != 0:
+            raise RuntimeError(f"the benchmark ranks failed with exit status {status}")
+        import json
+        with open(out) as handle:
+            result = json.load(handle)
+    by_name = {row["algorithm"]: row for row in result["rows"]}
+    for row in result["rows"]:
+        row["inter_mb"] = row["bytes_inter"] / 1e6
+        row["intra_mb"] = row["bytes_intra"] / 1e6
+        for base in ("allreduce", "topk_allgather"):
+            if base in by_name:
+                row[f"vs_{base}"] = row["median_s"] / by_name[base]["median_s"]
+    result["setting"] = {"nodes": spec.nodes, "ranks_per_node": spec.ranks_per_node,
+                         "inter_node_bandwidth": spec.inter_node_bandwidth,
+                         "intra_node_bandwidth": spec.intra_node_bandwidth,
+                         "shaping": spec.shaping, "size": size, "bucket_mb": bucket_mb,
+                         "density": density, "selector": selector, "repeats": repeats}
+    return result
+
+
+def _main(args: argparse.Namespace) -> int:
+    from thinwire.cluster import ClusterSpec
+
+    spec = ClusterSpec(nodes=args.nodes, ranks_per_node=args.ranks_per_node,
+                       inter_node_bandwidth=args.inter_node_bandwidth,
+                       intra_node_bandwidth=args.intra_node_bandwidth,
+                       shaping=not args.no_shaping)
+    result = run(spec, args.size, args.bucket_mb, args.density, args.selector, args.algorithms,
+                 args.repeats)
+    print(format_table(result["rows"], COLUMNS))
+    if args.json:
+        write_json_atomic(args.json, result)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def register(bench_subparsers) -> None:
+    parser = bench_subparsers.add_parser(
+        "sync", help="one gradient synchronisation per algorithm on the emulated cluster")
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--ranks-per-node", type=int, default=2)
+    parser.add_argument("--inter-node-bandwidth", default="1gbit")
+    parser.add_argument("--intra-node-bandwidth", default=None)
+    parser.add_argument("--no-shaping", action="store_true",
+                        help="loopback only (no root needed): the logical topology, no slow links")
+    parser.add_argument("--size", type=int, default=25_600_000, help="gradient elements")
+    parser.add_argument("--bucket-mb", type=float, default=25.0)
+    parser.add_argument("--density", type=float, default=0.01)
+    parser.add_argument("--selector", default="mstopk")
+    parser.add_argument("--algorithms", nargs="+", choices=list(ALGORITHMS),
+                        default=list(ALGORITHMS))
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", metavar="PATH")
+    parser.set_defaults(func=_main)

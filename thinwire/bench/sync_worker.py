@@ -1,0 +1,83 @@
+"""One rank of `thinwire bench sync` (launched by the cluster launcher, torchrun environment).
+
+Times one synchronisation of a ResNet-50-sized gradient in DDP-sized buckets per algorithm; the
+step time is the slowest rank's; bytes and the selection/communication split are rank means.
+Rank 0 writes the rows as JSON to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from thinwire.bench.report import write_json_atomic
+from thinwire.state import SyncState
+from thinwire.topology import Topology
+
+
+def _one_sync(state: SyncState, bucket_grads: list[torch.Tensor]) -> float:
+    dist.barrier(group=state.topology.world)
+    start = time.perf_counter()
+    for index, grad in enumerate(bucket_grads):
+        state.reduce(index, grad)
+    state.end_step()
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=state.topology.world)
+    return float(elapsed)
+
+
+def _rank_mean(value: float, topology: Topology) -> float:
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, group=topology.world)
+    return float(t) / topology.world_size
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--size", type=int, required=True)
+    parser.add_argument("--bucket-mb", type=float, required=True)
+    parser.add_argument("--density", type=float, required=True)
+    parser.add_argument("--selector", required=True)
+    parser.add_argument("--algorithms", nargs="+", required=True)
+    parser.add_argument("--repeats", type=int, required=True)
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(1)  # several ranks share this machine's cores
+    dist.init_process_group("gloo")
+    topology = Topology.build()
+    generator = torch.Generator().manual_seed(1234 + topology.rank)
+    gradient = torch.randn(args.size, generator=generator)
+    per_bucket = max(1, int(args.bucket_mb * 2**20) // gradient.element_size())
+    buckets = list(gradient.split(per_bucket))
+    rows = []
+    for algorithm in args.algorithms:
+        state = SyncState(topology, algorithm, args.density, args.selector)
+        _one_sync(state, buckets)  # warm-up: residuals exist, allocations done
+        times = []
+        totals = {"select_s": 0.0, "intra_s": 0.0, "inter_s": 0.0}
+        for _ in range(args.repeats):
+            times.append(_one_sync(state, buckets))
+            for key in totals:
+                totals[key] += state.last_step[key]
+        rows.append({
+            "algorithm": algorithm, "median_s": statistics.median(times), "times_s": times,
+            "bytes_intra": _rank_mean(state.last_step["bytes_intra"], topology),
+            "bytes_inter": _rank_mean(state.last_step["bytes_inter"], topology),
+            "select_s": _rank_mean(totals["select_s"] / args.repeats, topology),
+            "intra_s": _rank_mean(totals["intra_s"] / args.repeats, topology),
+            "inter_s": _rank_mean(totals["inter_s"] / args.repeats, topology),
+            "buckets": len(buckets),
+        })
+    if topology.rank == 0:
+        write_json_atomic(args.out, {"nodes": topology.nodes,
+                                     "ranks_per_node": topology.ranks_per_node, "rows": rows})
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
