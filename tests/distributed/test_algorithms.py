@@ -28,14 +28,27 @@ def _expected(algorithm, nodes, n, density):
 
 
 @pytest.fixture(scope="module", params=[(2, 2), (4, 2)], ids=["2x2", "4x2"])
-def shape(request):
-    return request.param
+def shape_runs(request):
+    """Every algorithm on one launch of nodes x ranks (launching ranks is the slow part)."""
+    nodes, n = request.param
+    configs = [(a, a, DENSITY, None) for a in ALGORITHMS]
+    return nodes, n, run_ranks(workers.sync_many, nodes * n, n, configs, LENGTHS, STEPS)
+
+
+@pytest.fixture(scope="module")
+def dense_runs():
+    """2 x 2: dense, top-k at density 1, and half-precision wires, in one launch."""
+    configs = [("allreduce", "allreduce", 1.0, None)]
+    configs += [(f"{a}@1", a, 1.0, None) for a in ("topk_allgather", "hitopk")]
+    configs += [(f"{a}:{w}", a, 1.0, w) for w in ("fp16", "bf16")
+                for a in ("allreduce", "hier_allreduce", "hitopk")]
+    return run_ranks(workers.sync_many, 4, 2, configs, LENGTHS, 2)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_every_rank_holds_the_reference_result(shape, algorithm):
-    nodes, n = shape
-    results = run_ranks(workers.sync_steps, nodes * n, n, algorithm, DENSITY, LENGTHS, STEPS)
+def test_every_rank_holds_the_reference_result(shape_runs, algorithm):
+    nodes, n, runs = shape_runs
+    results = [by_name[algorithm] for by_name in runs]
     expected, refs = _expected(algorithm, nodes, n, DENSITY)
     for rank, result in enumerate(results):
         assert result["topology"] == (nodes, rank // n, rank % n)
@@ -100,10 +113,9 @@ def _check_bytes(results, algorithm, m, n):
 
 
 @pytest.mark.parametrize("algorithm", ["topk_allgather", "hitopk"])
-def test_topk_at_density_one_equals_dense(algorithm):
-    results = run_ranks(workers.sync_steps, 4, 2, algorithm, 1.0, LENGTHS, 2)
-    dense = run_ranks(workers.sync_steps, 4, 2, "allreduce", 1.0, LENGTHS, 2)
-    for got, want in zip(results, dense):
+def test_topk_at_density_one_equals_dense(dense_runs, algorithm):
+    for by_name in dense_runs:
+        got, want = by_name[f"{algorithm}@1"], by_name["allreduce"]
         for step in range(2):
             for a, b in zip(got["grads"][step], want["grads"][step]):
                 torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
@@ -123,14 +135,16 @@ def test_hooks_give_ddps_own_gradients():
                                                msg=f"{name} step {step}")
 
 
-def test_fp16_and_bf16_on_the_wire_stay_close_to_the_exact_average():
-    for wire, tol in (("fp16", 2e-3), ("bf16", 2e-2)):
-        for algorithm in ("allreduce", "hier_allreduce", "hitopk"):
-            density = 1.0
-            results = run_ranks(workers.sync_steps, 4, 2, algorithm, density, LENGTHS, 1, wire)
-            expected, _ = _expected("allreduce", 2, 2, density)
-            for got, want in zip(results[0]["grads"][0], expected[0]):
-                torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+@pytest.mark.parametrize("wire,tol", [("fp16", 2e-3), ("bf16", 2e-2)])
+@pytest.mark.parametrize("algorithm", ["allreduce", "hier_allreduce", "hitopk"])
+def test_fp16_and_bf16_on_the_wire_stay_close_to_the_exact_average(dense_runs, algorithm,
+                                                                    wire, tol):
+    expected, _ = _expected("allreduce", 2, 2, 1.0)
+    for by_name in dense_runs:
+        got = by_name[f"{algorithm}:{wire}"]["grads"][0]
+        for a, b in zip(got, expected[0]):
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+            assert not torch.equal(a, b), "the wire dtype must actually round"
 
 
 def test_checkpointed_state_restores_residuals_and_training_continues_bit_identically():

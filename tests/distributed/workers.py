@@ -32,6 +32,12 @@ def sync_steps(rank, world, ranks_per_node, algorithm, density, lengths, steps, 
             "topology": (topo.nodes, topo.node, topo.local_rank)}
 
 
+def sync_many(rank, world, ranks_per_node, configs, lengths, steps):
+    """sync_steps for several (name, algorithm, density, wire) configurations in one launch."""
+    return {name: sync_steps(rank, world, ranks_per_node, algorithm, density, lengths, steps, wire)
+            for name, algorithm, density, wire in configs}
+
+
 def _model(seed=0):
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 5)).double()
