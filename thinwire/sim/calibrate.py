@@ -1,0 +1,325 @@
+"""Fit the simulator to measured runs, then predict each run and compare.
+
+Input: one or more ``thinwire compare`` result files, read tolerantly (the accepted spellings are
+in ``SETTING_KEYS``, ``ITERATION_KEYS`` and ``ALGORITHM_ALIASES``; unknown keys are ignored)::
+
+    {"setting": {"nodes": 2, "ranks_per_node": 2, "model": "widecnn", "batch_size": 32, ...},
+     "runs": [{"algorithm": "hitopk", "inter_node_bandwidth": "100mbit", "status": "ok",
+               "parameters": 1200000, "iter_ms": 410.0, "compute_ms_per_iter": 250.0,
+               "sync_ms_per_iter": 160.0, "hook": {"comm_ms_per_iter": 300.0,
+               "select_ms_per_iter": 20.0}, "inter_node_mb_per_iter": 0.9, ...}, ...]}
+
+A file may also hold a list of such objects (or ``{"results": [...]}``). Each run sees the
+file's ``setting``, then its own ``setting`` object, then its own keys (later wins).
+* Size: ``nodes`` and ``ranks_per_node`` (spellings in SETTING_KEYS) are required.
+* Iteration time: ``iteration_s`` / ``iter_ms`` (spellings in ITERATION_KEYS), or else
+  ``samples_per_s`` and the global batch (``global_batch_size``, or per-rank ``batch_size`` x
+  world size). A run without one, or with a ``status`` other than "ok", is skipped.
+* Model: a simulator model (resnet50, bert-base), a model of ``thinwire.train.models`` (its table
+  is traced from the module), or else a size: ``parameters`` gradient elements.
+* ``inter_node_bandwidth``: a rate string ("1gbit") or bits/s; "none"/null means an unshaped
+  run, whose inter-node links are the same loopback as the intra-node ones.
+* Optional measurements, each used as one more residual: ``compute_ms_per_iter`` (the step
+  without communication; else ``iter_ms - sync_ms_per_iter``, thinwire compare's definition of
+  the exposed synchronisation) and the hook's total ``comm_ms_per_iter + select_ms_per_iter``
+  (top level or under ``hook``).
+* Algorithms: thinwire's four, plus ``ddp`` (modelled as allreduce) and ``ddp-fp16``
+  (allreduce with an fp16 wire); others (e.g. powersgd) are skipped and listed.
+
+Fitted (log-space least squares within physical bounds, scipy): inter-node latency and
+goodput/nominal ratio, intra-node latency and bandwidth, one rate for selection and index_add
+plus a fixed cost per selection call, and one compute time (forward + backward + step) per
+setting - on the emulated cluster every rank shares the host's cores, so compute time depends
+on the setting, and selection (work of the same cores) is slowed by the same factor as compute
+relative to the fastest setting. Residuals, all relative to the run's iteration time:
+iteration time, compute time and total hook time (where measured).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from thinwire.sim.collectives import COSTS, AlgorithmConfig, Cluster, SparseRates
+from thinwire.sim.compute import MODELS, TimedLayer, model, own_model, uniform
+from thinwire.sim.iteration import simulate
+from thinwire.sim.network import Link, Network
+
+
+SETTING_KEYS = {
+    "nodes": ("nodes", "num_nodes", "n_nodes", "nnodes"),
+    "ranks_per_node": ("ranks_per_node", "gpus_per_node", "nproc_per_node", "local_world_size",
+                       "procs_per_node"),
+    "inter_node_bandwidth": ("inter_node_bandwidth", "inter_node_bandwidth_bps", "bandwidth",
+                             "inter_bandwidth"),
+    "model": ("model", "model_name"),
+    "parameters": ("parameters", "model_parameters", "num_parameters", "n_parameters", "params"),
+    "batch_size": ("batch_size", "per_rank_batch_size", "local_batch_size", "batch_per_rank"),
+    "global_batch_size": ("global_batch_size", "total_batch_size"),
+    "density": ("density",),
+    "wire": ("wire", "wire_dtype"),
+}
+ITERATION_KEYS = {1.0: ("iteration_s", "s_per_iter", "sec_per_iter", "seconds_per_iter"),
+                  1e-3: ("iter_ms", "iteration_ms", "ms_per_iter")}
+# compare's names for PyTorch's own DDP hooks -> (simulated algorithm, wire dtype)
+ALGORITHM_ALIASES = {"ddp": ("allreduce", None), "ddp-fp16": ("allreduce", "fp16")}
+FIT_NAMES = ("inter_alpha_s", "inter_efficiency", "intra_alpha_s", "intra_bandwidth_Bps",
+             "sparse_rate", "sparse_alpha_s")
+START = (1e-4, 0.9, 5e-5, 1e9, 1e8, 1e-4)
+# Physical ranges (a fit outside them trades one term for another): latencies 1 us - 0.1 s, at
+# most the nominal inter-node rate, 1 MB/s - 1 TB/s inside a node, 1e5 - 1e13 elements/s.
+LOWER = (1e-6, 0.05, 1e-6, 1e6, 1e5, 1e-7)
+UPPER = (0.1, 1.0, 0.1, 1e12, 1e13, 1.0)
+COMPUTE_RANGE = (1e-5, 1e4)  # seconds per iteration
+
+
+@dataclass
+class Run:
+    source: str
+    algorithm: str               # as measured (e.g. "ddp")
+    modelled_as: str             # the simulated algorithm
+    nodes: int
+    ranks_per_node: int
+    inter_bps: float | None      # nominal bits/s; None: unshaped
+    layers_key: str              # the model (name or parameter count), for the compute share
+    layers: list
+    density: float
+    wire: str | None
+    iteration_s: float
+    compute_s: float | None = None   # measured step without communication
+    hook_s: float | None = None      # measured time inside the hook (selection + collectives)
+    setting_index: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def _pick(mapping: dict, key: str, default=None):
+    for alias in SETTING_KEYS[key]:
+        if alias in mapping and mapping[alias] is not None:
+            return mapping[alias]
+    return default
+
+
+def _rate_bps(value) -> float | None:
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "unshaped", "")):
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value <= 0:
+            raise ValueError(f"inter_node_bandwidth must be > 0 bits/s, got {value}")
+        return None if math.isinf(value) else float(value)
+    from thinwire.cluster.spec import parse_rate
+    return float(parse_rate(str(value), "inter_node_bandwidth"))
+
+
+def _number(value) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+            and value > 0:
+        return float(value)
+    return None
+
+
+def _iteration_s(merged: dict, world: int) -> float | None:
+    for scale, keys in ITERATION_KEYS.items():
+        for key in keys:
+            if _number(merged.get(key)):
+                return _number(merged[key]) * scale
+    rate = _number(merged.get("samples_per_s"))
+    global_batch = _pick(merged, "global_batch_size")
+    if global_batch is None and _pick(merged, "batch_size") is not None:
+        global_batch = int(_pick(merged, "batch_size")) * world
+    return float(global_batch) / rate if rate and global_batch else None
+
+
+def _measured_parts(merged: dict, iteration_s: float) -> tuple[float | None, float | None]:
+    """(compute seconds, hook seconds) where the run measured them."""
+    compute_s = _number(merged.get("compute_ms_per_iter"))
+    if compute_s is not None:
+        compute_s /= 1e3
+    elif merged.get("sync_ms_per_iter") is not None:
+        compute_s = _number(iteration_s - float(merged["sync_ms_per_iter"]) / 1e3)
+    hook = merged.get("hook") if isinstance(merged.get("hook"), dict) else merged
+    parts = [hook.get("comm_ms_per_iter"), hook.get("select_ms_per_iter")]
+    hook_s = sum(float(p) for p in parts if p is not None) / 1e3 \
+        if parts[0] is not None else None
+    return compute_s, hook_s
+
+
+def _layers_for(merged: dict, where: str) -> tuple[str, list]:
+    name, parameters = _pick(merged, "model"), _pick(merged, "parameters")
+    if name in MODELS:
+        return name, model(name)
+    traced = own_model(name) if isinstance(name, str) else None
+    if traced:
+        return name, traced
+    if parameters is not None:
+        return f"{name or 'model'}:{int(parameters)}", uniform(int(parameters))
+    raise ValueError(f"{where}: the model's size is unknown: give setting.model as one of "
+                     f"{', '.join(MODELS)} or a model of thinwire.train, or its gradient "
+                     f"element count as one of {', '.join(SETTING_KEYS['parameters'])} "
+                     f"(model was {name!r})")
+
+
+def _blocks(path) -> list[dict]:
+    data = json.loads(Path(path).read_text())
+    blocks = data.get("results", data) if isinstance(data, dict) else data
+    blocks = [blocks] if isinstance(blocks, dict) else blocks
+    if not isinstance(blocks, list):
+        raise ValueError(f"{path}: expected {{'setting': ..., 'runs': [...]}} or a list of them")
+    for b, block in enumerate(blocks):
+        if not isinstance(block, dict) or not isinstance(block.get("runs"), list):
+            raise ValueError(f"{path}: result {b} has no 'runs' list")
+    return blocks
+
+
+def _read_run(raw: dict, setting: dict, where: str, source: str) -> Run | str:
+    """A Run, or why the run is skipped."""
+    nested = raw.get("setting") if isinstance(raw.get("setting"), dict) else {}
+    merged = {**setting, **nested, **raw}
+    measured = raw.get("algorithm")
+    modelled, wire = ALGORITHM_ALIASES.get(measured, (measured, _pick(merged, "wire")))
+    if modelled not in COSTS:
+        return (f"{where}: algorithm {measured!r} is not simulated (simulated: "
+                f"{', '.join(list(COSTS) + list(ALGORITHM_ALIASES))})")
+    if raw.get("status", "ok") != "ok":
+        return f"{where}: status {raw['status']!r}"
+    nodes, per_node = _pick(merged, "nodes"), _pick(merged, "ranks_per_node")
+    if nodes is None or per_node is None:
+        raise ValueError(f"{where}: needs nodes ({'/'.join(SETTING_KEYS['nodes'])}) and "
+                         f"ranks_per_node ({'/'.join(SETTING_KEYS['ranks_per_node'])})")
+    cluster = Cluster(int(nodes), int(per_node))
+    seconds = _iteration_s(merged, cluster.world_size)
+    if seconds is None:
+        return (f"{where}: no iteration time (needs iteration_s, iter_ms or samples_per_s with "
+                f"batch_size/global_batch_size)")
+    compute_s, hook_s = _measured_parts(merged, seconds)
+    key, layers = _layers_for(merged, where)
+    wire = None if wire in (None, "none") else wire
+    return Run(source, measured, modelled, cluster.nodes, cluster.ranks_per_node,
+               _rate_bps(_pick(merged, "inter_node_bandwidth")), key, layers,
+               float(_pick(merged, "density", 0.01)), wire, seconds, compute_s, hook_s,
+               extra={k: raw[k] for k in ("inter_node_mb_per_iter",) if raw.get(k) is not None})
+
+
+def read_runs(paths) -> tuple[list[Run], list[str]]:
+    """The usable runs of all ``paths`` and a note per skipped run."""
+    runs, skipped = [], []
+    for path in paths:
+        for b, block in enumerate(_blocks(path)):
+            setting = block.get("setting") if isinstance(block.get("setting"), dict) else {}
+            for r, raw in enumerate(block["runs"]):
+                got = _read_run(raw, setting, f"{path} result {b} run {r}", str(path))
+                (runs if isinstance(got, Run) else skipped).append(got)
+    if not runs:
+        raise ValueError("no usable runs to calibrate on" +
+                         (": " + "; ".join(skipped) if skipped else ""))
+    keys = sorted({_setting_key(r) for r in runs})
+    for run in runs:
+        run.setting_index = keys.index(_setting_key(run))
+    return runs, skipped
+
+
+def _setting_key(run: Run) -> tuple:
+    return (run.nodes, run.ranks_per_node, run.inter_bps or 0.0, run.layers_key)
+
+
+def _timed(layers: list, compute_s: float) -> list[TimedLayer]:
+    """The setting's compute time spread over the layers by FLOPs (1/3 forward, 2/3 backward)."""
+    weights = [l.flops for l in layers]
+    if not sum(weights):
+        weights = [l.params for l in layers]
+    total = sum(weights)
+    return [TimedLayer(l.name, l.params, compute_s / 3 * w / total, 2 * compute_s / 3 * w / total)
+            for l, w in zip(layers, weights)]
+
+
+def network_for(params: dict, inter_bps: float | None) -> Network:
+    intra = Link(params["intra_alpha_s"], params["intra_bandwidth_Bps"])
+    if inter_bps is None:
+        return Network(intra, intra, "unshaped")
+    inter = Link(params["inter_alpha_s"], params["inter_efficiency"] * inter_bps / 8)
+    return Network(intra, inter)
+
+
+def predict(run: Run, params: dict, overlap: bool = True) -> dict:
+    compute_s = params["compute_s"][run.setting_index]
+    # Selection is CPU/GPU work of the rank: it slows down with compute where ranks share the
+    # host's cores (the emulator). The fitted rate is that of the fastest setting.
+    slowdown = compute_s / min(params["compute_s"])
+    rate = params["sparse_rate"] / slowdown
+    rates = SparseRates(rate, rate, params["sparse_alpha_s"] * slowdown)
+    layers = _timed(run.layers, compute_s)
+    cfg = AlgorithmConfig(run.modelled_as, density=run.density, wire=run.wire)
+    return simulate(layers, Cluster(run.nodes, run.ranks_per_node),
+                    network_for(params, run.inter_bps), cfg, rates, overlap=overlap)
+
+
+def _unpack(x: np.ndarray) -> dict:
+    values = np.exp(x)
+    params = dict(zip(FIT_NAMES, values[:len(FIT_NAMES)]))
+    params["compute_s"] = list(values[len(FIT_NAMES):])
+    return params
+
+
+def _residuals(x, runs, overlap):
+    params = _unpack(x)
+    out = []
+    for run in runs:
+        row = predict(run, params, overlap)
+        out.append(row["iteration_s"] / run.iteration_s - 1)
+        if run.compute_s is not None:
+            out.append((row["compute_s"] - run.compute_s) / run.iteration_s)
+        if run.hook_s is not None:
+            out.append((row["sync_s"] - run.hook_s) / run.iteration_s)
+    return np.array(out)
+
+
+def fit(runs: list[Run], overlap: bool = True) -> tuple[dict, float]:
+    """Least-squares parameters for ``runs`` and the final sum of squared residuals."""
+    from scipy.optimize import least_squares
+
+    settings = max(r.setting_index for r in runs) + 1
+    compute0 = [0.8 * min(r.iteration_s for r in runs if r.setting_index == s)
+                for s in range(settings)]
+    lower = np.log(np.array(list(LOWER) + [COMPUTE_RANGE[0]] * settings))
+    upper = np.log(np.array(list(UPPER) + [COMPUTE_RANGE[1]] * settings))
+    x0 = np.clip(np.log(np.array(list(START) + compute0)), lower + 1e-9, upper - 1e-9)
+    result = least_squares(_residuals, x0, args=(runs, overlap), method="trf",
+                           bounds=(lower, upper),
+                           x_scale=1.0, diff_step=1e-4, max_nfev=400 * len(x0))
+    return _unpack(result.x), float(2 * result.cost)
+
+
+def calibrate(paths, overlap: str = "auto") -> dict:
+    """Fit on the runs of ``paths`` and report predicted against measured per run.
+    ``overlap``: "ddp", "none" or "auto" (whichever fits better)."""
+    if overlap not in ("ddp", "none", "auto"):
+        raise ValueError(f"overlap must be one of ddp, none, auto, got {overlap!r}")
+    runs, skipped = read_runs(paths)
+    modes = {"ddp": [True], "none": [False], "auto": [True, False]}[overlap]
+    fits = [(fit(runs, mode), mode) for mode in modes]
+    (params, sse), mode = min(fits, key=lambda item: item[0][1])
+    rows = []
+    for run in runs:
+        row = predict(run, params, mode)
+        rows.append({
+            "algorithm": run.algorithm, "modelled_as": run.modelled_as, "nodes": run.nodes, "ranks_per_node": run.ranks_per_node,
+            "inter_node_bandwidth_bps": run.inter_bps, "model": run.layers_key,
+            "measured_s": run.iteration_s, "predicted_s": row["iteration_s"],
+            "error": row["iteration_s"] / run.iteration_s - 1,
+            "measured_compute_s": run.compute_s, "predicted_compute_s": row["compute_s"],
+            "measured_hook_ms": None if run.hook_s is None else run.hook_s * 1e3,
+            "predicted_hook_ms": row["sync_s"] * 1e3,
+            "predicted_inter_node_mb_per_iter": row["inter_node_mb_per_iter"],
+            **({"measured_inter_node_mb_per_iter": run.extra["inter_node_mb_per_iter"]}
+               if "inter_node_mb_per_iter" in run.extra else {}),
+            "source": run.source,
+        })
+    worst = max(abs(r["error"]) for r in rows)
+    fitted = {k: float(v) for k, v in params.items() if k != "compute_s"}
+    fitted["compute_s_per_setting"] = [float(v) for v in params["compute_s"]]
+    return {"fitted": fitted, "overlap": "ddp" if mode else "none", "sum_sq_residuals": sse,
+            "max_abs_error": float(worst), "within_20pct": bool(worst <= 0.20), "runs": rows,
+            "skipped": skipped}

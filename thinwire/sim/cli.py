@@ -1,0 +1,171 @@
+"""`thinwire simulate`: predicted iteration time and scaling, or calibration on measured runs.
+
+    thinwire simulate --nodes 16 --gpus-per-node 8 --network cloud-25g --model resnet50 \
+        --algorithm hier_allreduce --algorithm hitopk --json results/sim.json
+    thinwire simulate --calibrate results.json --json results/calibration.json
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from thinwire.bench.report import format_table, write_json_atomic
+from thinwire.sim import compute
+from thinwire.sim.collectives import COSTS, AlgorithmConfig, Cluster
+from thinwire.sim.iteration import SCALING_NODES, scaling, simulate
+from thinwire.sim.network import GBIT, NETWORKS, network
+from thinwire.sync import DEFAULT_BUCKET_BYTES
+
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "simulate", help="cost model: predicted iteration time and scaling (or --calibrate)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, default=16)
+    p.add_argument("--gpus-per-node", "--ranks-per-node", dest="gpus_per_node", type=int,
+                   default=8)
+    p.add_argument("--network", default="cloud-25g", help=f"one of {', '.join(NETWORKS)}")
+    p.add_argument("--inter-gbps", type=float, default=None,
+                   help="override the preset's inter-node goodput (Gbit/s)")
+    p.add_argument("--model", default="resnet50",
+                   help=f"one of {', '.join(compute.MODELS)}, or a JSON table of measured "
+                        "per-layer times (params, forward_s, backward_s)")
+    p.add_argument("--device", default="v100", help=f"one of {', '.join(compute.DEVICES)}")
+    p.add_argument("--tflops", type=float, default=None,
+                   help="override the device's effective TFLOP/s")
+    p.add_argument("--batch-size", type=int, default=None, help="per GPU (default: per model)")
+    p.add_argument("--algorithm", action="append", default=None,
+                   help=f"one of {', '.join(COSTS)}; repeat for several (default: all)")
+    p.add_argument("--density", type=float, default=0.01)
+    p.add_argument("--wire", default="none", help="dense wire dtype: none, fp16, bf16")
+    p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_BYTES / 2**20)
+    p.add_argument("--no-overlap", action="store_true", help="communication after backward")
+    p.add_argument("--scaling-nodes", default=",".join(map(str, SCALING_NODES)),
+                   help="node counts of the scaling table (comma-separated)")
+    p.add_argument("--calibrate", nargs="+", metavar="RESULTS_JSON", default=None,
+                   help="fit to `thinwire compare` results instead of simulating")
+    p.add_argument("--overlap", default="auto", choices=("auto", "ddp", "none"),
+                   help="calibration: overlap model to fit (auto: the better of the two)")
+    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--plot", default=None,
+                   help="PNG path (default: beside --json, else results/simulate.png)")
+    p.add_argument("--no-plot", action="store_true")
+    p.set_defaults(func=main)
+
+
+def _layers(args) -> tuple[list, int | None, str]:
+    if args.model.endswith(".json") or Path(args.model).is_file():
+        return compute.read_layer_table(args.model), args.batch_size, "measured layer times"
+    table = compute.model(args.model)
+    dev = compute.device(args.device)
+    flops = args.tflops * 1e12 if args.tflops is not None else dev.flops
+    batch = args.batch_size if args.batch_size is not None else compute.MODELS[args.model][1]
+    return compute.timed(table, flops, batch), batch, f"{args.device} at {flops / 1e12:g} TFLOP/s"
+
+
+def _node_list(text: str) -> list[int]:
+    try:
+        nodes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"scaling_nodes must be comma-separated integers, got {text!r}") from None
+    for m in nodes:
+        Cluster(m, 1)  # validates
+    return nodes
+
+
+def run_simulate(args) -> dict:
+    cluster = Cluster(args.nodes, args.gpus_per_node)
+    net = network(args.network)
+    if args.inter_gbps is not None:
+        if not args.inter_gbps > 0:
+            raise ValueError(f"inter_gbps must be > 0, got {args.inter_gbps}")
+        net = net.with_inter_bandwidth(args.inter_gbps * GBIT)
+    layers, batch, compute_note = _layers(args)
+    rates = compute.device(args.device).sparse
+    wire = None if args.wire == "none" else args.wire
+    names = args.algorithm or list(COSTS)
+    configs = [AlgorithmConfig(name, density=args.density, wire=wire) for name in names]
+    if not args.bucket_mb > 0:
+        raise ValueError(f"bucket_mb must be > 0, got {args.bucket_mb}")
+    options = {"bucket_bytes": int(args.bucket_mb * 2**20), "overlap": not args.no_overlap,
+               "batch_size": batch}
+    breakdown = [simulate(layers, cluster, net, cfg, rates, **options) for cfg in configs]
+    rows = scaling(layers, args.gpus_per_node, net, configs, rates,
+                   _node_list(args.scaling_nodes), **options)
+    setting = {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node,
+               "network": args.network, "inter_bandwidth_Bps": net.inter.bandwidth,
+               "inter_alpha_s": net.inter.alpha, "intra_bandwidth_Bps": net.intra.bandwidth,
+               "intra_alpha_s": net.intra.alpha, "model": args.model, "device": args.device,
+               "compute": compute_note, "batch_size_per_gpu": batch, "density": args.density,
+               "wire": args.wire, "bucket_mb": args.bucket_mb, "overlap": not args.no_overlap,
+               "selection": vars(rates)}
+    return {"setting": setting, "breakdown": breakdown, "scaling": rows}
+
+
+def _print_simulation(result: dict) -> None:
+    s = result["setting"]
+    print(f"{s['model']} on {s['nodes']} x {s['gpus_per_node']} ({s['network']}, "
+          f"{s['compute']}, batch {s['batch_size_per_gpu']}/GPU, density {s['density']})")
+    rows = [{"algorithm": r["algorithm"], "iter_ms": 1e3 * r["iteration_s"],
+             "compute_ms": 1e3 * r["compute_s"], "exposed_comm_ms": 1e3 * r["exposed_comm_s"],
+             "exposed_select_ms": 1e3 * r["exposed_selection_s"],
+             "inter_MB/node": r["inter_node_mb_per_iter"],
+             "efficiency_%": 100 * r["scaling_efficiency"]} for r in result["breakdown"]]
+    print(format_table(rows, rows[0].keys()))
+    nodes = list(dict.fromkeys(r["nodes"] for r in result["scaling"]))
+    table = []
+    for m in nodes:
+        row = {"nodes": m}
+        for r in result["scaling"]:
+            if r["nodes"] == m:
+                row[r["algorithm"]] = 100 * r["scaling_efficiency"]
+        table.append(row)
+    print("\nscaling efficiency (%), compute / iteration time:")
+    print(format_table(table, table[0].keys()))
+
+
+def _print_calibration(result: dict) -> None:
+    f = result["fitted"]
+    print("fitted: " + ", ".join(f"{k}={v:.4g}" for k, v in f.items() if k != "compute_s_per_setting")
+          + f", compute_s per setting={[round(v, 4) for v in f['compute_s_per_setting']]}"
+          + f", overlap={result['overlap']}")
+    rows = [{"algorithm": r["algorithm"], "nodes": r["nodes"], "ranks/node": r["ranks_per_node"],
+             "measured_ms": 1e3 * r["measured_s"], "predicted_ms": 1e3 * r["predicted_s"],
+             "error_%": 100 * r["error"]} for r in result["runs"]]
+    print(format_table(rows, rows[0].keys()))
+    print(f"max |error| {100 * result['max_abs_error']:.1f}% "
+          f"({'within' if result['within_20pct'] else 'NOT within'} 20%)")
+    for note in result["skipped"]:
+        print(f"skipped: {note}")
+
+
+def main(args) -> int:
+    default_plot = (Path(args.json).with_suffix(".png") if args.json
+                    else Path("results/simulate.png"))
+    plot_path = Path(args.plot) if args.plot else default_plot
+    if args.calibrate:
+        from thinwire.sim.calibrate import calibrate
+        for path in args.calibrate:
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"calibration input not found: {path}")
+        result = calibrate(args.calibrate, overlap=args.overlap)
+        _print_calibration(result)
+        if not args.no_plot:
+            from thinwire.sim.plot import calibration_plot
+            calibration_plot(plot_path, result["runs"])
+    else:
+        result = run_simulate(args)
+        _print_simulation(result)
+        if not args.no_plot:
+            from thinwire.sim.plot import scaling_plot
+            s = result["setting"]
+            scaling_plot(plot_path, result["breakdown"], result["scaling"],
+                         f"{s['model']}, {s['gpus_per_node']} GPUs/node, {s['network']}")
+    if not args.no_plot:
+        print(f"plot: {plot_path}")
+    if args.json:
+        write_json_atomic(args.json, result)
+        print(f"json: {args.json}")
+    return 0
