@@ -171,7 +171,7 @@ def mstopk(x: torch.Tensor, k: int, iterations: int = 30,
     work = _work_dtype(flat.dtype)
     mean = _mean_abs(flat).to(work)
     amax = amax.to(work)
-    search = _ThresholdSearch(mean, amax, k, n, thresholds_per_pass)
+    search = _ThresholdSearch(mean, amax, k, thresholds_per_pass)
 
     if flat.device.type == "cpu":
         members, magnitudes = _first_working_set(flat, k, search)
@@ -229,7 +229,7 @@ class _ThresholdSearch:
     tensors, so a pass never reads back to the host.
     """
 
-    def __init__(self, mean, amax, k, n, per_pass):
+    def __init__(self, mean, amax, k, per_pass):
         self.mean, self.amax, self.k = mean, amax, k
         self.per_pass = per_pass
         device, dtype = mean.device, mean.dtype
