@@ -1,0 +1,112 @@
+"""`thinwire bench des`: DES against a parameter server and TorchRec-style sharding.
+
+Every (model, method) trains on the same batches of the same data on the emulated cluster (one
+launch per data set); rows report bytes sent per step and rank (from the byte counters),
+samples/s (slowest rank), test AUC, the reduction of bytes against the parameter server, and
+the AUC of the unsharded single-process model trained on the same global batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+
+from thinwire.bench.report import format_table, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+COLUMNS = ("dataset", "model", "method", "bytes_per_iter", "comm_reduction_vs_ps",
+           "samples_per_s", "speedup_vs_ps", "auc", "auc_single_process")
+
+
+def run(spec, datasets=("movielens", "synthetic"), models=("lr", "fm", "wide_deep", "deepfm"),
+        methods=("des", "ps", "torchrec_tw", "torchrec_rw"), extra: list[str] | None = None,
+        single_process: bool = True, timeout_s: float = 3000) -> dict:
+    from thinwire.cluster import run as run_on_cluster
+
+    rows = []
+    for dataset in datasets:
+        with tempfile.TemporaryDirectory(prefix="thinwire-bench-des-") as tmp:
+            out = os.path.join(tmp, "rows.json")
+            command = ["-m", "thinwire.recsys.train", "--out", out, "--dataset", dataset,
+                       "--models", *models, "--methods", *methods, *(extra or [])]
+            if dataset == "synthetic":
+                command += ["--max-steps", "30"]
+            status = run_on_cluster(spec, command, timeout_s=timeout_s, output=sys.stderr)
+            if status != 0:
+                raise RuntimeError(f"the benchmark ranks failed with exit status {status}")
+            with open(out) as handle:
+                result = json.load(handle)
+        single = {}
+        if single_process and dataset != "synthetic":
+            from thinwire.recsys import train as recsys_train
+            parser = argparse.ArgumentParser()
+            recsys_train.add_arguments(parser)
+            args = parser.parse_args(["--dataset", dataset, *(extra or [])])
+            data = recsys_train.load(dataset, seed=args.seed)
+            for model in models:
+                single[model] = recsys_train.train_single(model, *data, args)
+        by_key = {(r["model"], r["method"]): r for r in result["rows"]}
+        for row in result["rows"]:
+            ps = by_key.get((row["model"], "ps"))
+            if ps:
+                row["comm_reduction_vs_ps"] = 1 - row["bytes_per_iter"] / ps["bytes_per_iter"]
+                row["speedup_vs_ps"] = row["samples_per_s"] / ps["samples_per_s"]
+            if row["model"] in single:
+                row["auc_single_process"] = single[row["model"]]["auc"]
+                row["auc_diff_vs_single"] = row["auc"] - row["auc_single_process"]
+            rows.append(row)
+    return {"rows": rows,
+            "setting": {"nodes": spec.nodes, "ranks_per_node": spec.ranks_per_node,
+                        "inter_node_bandwidth": spec.inter_node_bandwidth,
+                        "shaping": spec.shaping, "datasets": list(datasets),
+                        "extra": extra or []}}
+
+
+def _main(args: argparse.Namespace) -> int:
+    from thinwire.cluster import ClusterSpec, missing_requirements
+
+    shaping = not args.no_shaping
+    if shaping and os.geteuid() != 0:
+        log.warning("not root: running without traffic shaping (loopback, no slow links)")
+        shaping = False
+    if shaping and missing_requirements():
+        log.warning("shaping unavailable (%s): running on loopback", missing_requirements())
+        shaping = False
+    spec = ClusterSpec(nodes=args.nodes, ranks_per_node=args.ranks_per_node,
+                       inter_node_bandwidth=args.inter_node_bandwidth, shaping=shaping)
+    extra = ["--epochs", str(args.epochs), "--batch", str(args.batch), "--k", str(args.k),
+             "--samples", str(args.samples), "--fields", str(args.fields),
+             "--multi-hot", str(args.multi_hot)]
+    result = run(spec, args.datasets, args.models, args.methods, extra)
+    print(format_table(result["rows"], COLUMNS))
+    if args.json:
+        write_json_atomic(args.json, result)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def register(bench_subparsers) -> None:
+    parser = bench_subparsers.add_parser(
+        "des", help="DES vs parameter server vs TorchRec-style sharding (recommender models)")
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--ranks-per-node", type=int, default=2)
+    parser.add_argument("--inter-node-bandwidth", default="1gbit")
+    parser.add_argument("--no-shaping", action="store_true")
+    parser.add_argument("--datasets", nargs="+", default=["movielens", "synthetic"],
+                        choices=["movielens", "adult", "synthetic"])
+    parser.add_argument("--models", nargs="+", default=["lr", "fm", "wide_deep", "deepfm"])
+    parser.add_argument("--methods", nargs="+",
+                        default=["des", "ps", "torchrec_tw", "torchrec_rw"])
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=1024, help="global batch size")
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=40_000, help="synthetic samples")
+    parser.add_argument("--fields", type=int, default=16, help="synthetic fields")
+    parser.add_argument("--multi-hot", type=float, default=8.0, help="synthetic ids per field")
+    parser.add_argument("--json", metavar="PATH")
+    parser.set_defaults(func=_main)
