@@ -26,9 +26,16 @@ system-tools:
 	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2; \
 	  else echo "note: ip/tc missing and not root: the emulated cluster will run without shaping"; fi; \
 	fi
+	@# nginx serves the rate-limited "remote store" of the data-cache tests and benchmark.
+	@if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx-light \
+	      || DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx; \
+	  else echo "note: nginx missing and not root: the data-cache tests against nginx will skip"; fi; \
+	fi
 
 demo: install
-	$(BIN)/thinwire bench topk --json results/bench_topk.json
+	$(BIN)/thinwire compare --out results/compare
 
 test: install
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)

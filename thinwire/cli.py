@@ -17,6 +17,10 @@ from thinwire import __version__
 COMMAND_MODULES = [
     "thinwire.bench",
     "thinwire.cluster.cli",
+    "thinwire.train.cli",
+    "thinwire.sim.cli",
+    "thinwire.data.cli",
+    "thinwire.recsys.cli",
 ]
 
 

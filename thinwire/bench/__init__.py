@@ -15,6 +15,9 @@ BENCH_MODULES = [
     "thinwire.bench.topk",
     "thinwire.bench.optim",
     "thinwire.bench.sync",
+    "thinwire.bench.cache",
+    "thinwire.bench.des",
+    "thinwire.bench.cpr",
 ]
 
 

@@ -1,0 +1,55 @@
+"""Bad input to `thinwire train` / `thinwire compare`: one clear message naming parameter,
+value and what is allowed."""
+
+import pytest
+
+from thinwire.cli import main
+from thinwire.train.compare import CompareSettings
+from thinwire.train.config import TrainConfig
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"model": "vgg"}, ["--model", "'vgg'", "mlp", "lenet", "resnet", "transformer"]),
+    ({"algorithm": "horovod"}, ["--algorithm", "'horovod'", "hitopk", "ddp-fp16", "powersgd"]),
+    ({"density": 1.5}, ["--density", "1.5", "(0, 1]"]),
+    ({"density": 0.0}, ["--density", "(0, 1]"]),
+    ({"selector": "sort"}, ["--selector", "'sort'", "mstopk"]),
+    ({"optimizer": "adam"}, ["--optimizer", "'adam'", "sgd", "lars"]),
+    ({"amp": "fp8"}, ["--amp", "'fp8'", "bf16"]),
+    ({"powersgd_rank": 0}, ["--powersgd-rank", "0"]),
+    ({"epochs": 0}, ["--epochs", "0"]),
+    ({"stop_after": 3}, ["--stop-after", "--checkpoint"]),
+])
+def test_train_config_errors_name_parameter_value_and_allowed(changes, words):
+    with pytest.raises(ValueError) as info:
+        TrainConfig(**changes).validate()
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_cli_reports_bad_input_in_one_line(capsys):
+    assert main(["train", "--model", "mlp", "--algorithm", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("thinwire: error: --algorithm must be one of") and "'nope'" in err
+    assert main(["train", "--density", "2"]) == 2
+    assert "--density must be a number in (0, 1], got 2.0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"algorithms": ["ddp", "bogus"]}, ["--algorithms", "'bogus'", "hitopk"]),
+    ({"algorithms": []}, ["--algorithms"]),
+    ({"model": "gpt5"}, ["--model", "'gpt5'"]),
+    ({"rates": ["fast"]}, ["--inter-node-bandwidth", "'fast'"]),
+    ({"density": -1.0}, ["--density", "-1.0"]),
+])
+def test_compare_settings_errors(changes, words):
+    with pytest.raises(ValueError) as info:
+        CompareSettings(**changes).validate()
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_compare_cli_rejects_unknown_algorithm_before_running(tmp_path, capsys):
+    assert main(["compare", "--out", str(tmp_path), "--algorithms", "ddp,foo"]) == 2
+    assert "unknown algorithm 'foo'" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()

@@ -1,0 +1,164 @@
+"""Versioned, checksummed, atomic checkpoint files, and per-shard save/restore of embedding rows.
+
+A file is ``MAGIC`` + the SHA-256 of the payload (64 hex chars) + ``\\n`` + the payload, a
+``torch.save`` of plain tensors and containers, read back with ``torch.load(weights_only=True)``.
+It is written to a temporary file in the same folder, fsync'ed, then renamed, so a reader sees
+either the whole new file or none. A truncated or corrupted file fails its checksum
+(`CorruptCheckpoint`) and `load_chain` falls back to the previous version.
+
+Files are ``<key>.v<version>.<kind>.ckpt``; versions count up per key over both kinds:
+
+* ``full``: a whole `EmbeddingShard.state_dict()` (or any state, e.g. the dense model);
+* ``delta``: some rows of a shard (ids, rows, their optimizer state), applied in version order
+  on top of the newest valid ``full`` (CPR-MFU and CPR-SSU write these).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import torch
+
+from thinwire.recsys.sharded import EmbeddingShard
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"TWCPR1\n"
+KINDS = ("full", "delta")
+_NAME = re.compile(r"^(?P<key>[A-Za-z0-9_\-]+)\.v(?P<version>\d{8})\.(?P<kind>full|delta)\.ckpt$")
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint file whose header, length or checksum does not match its contents."""
+
+
+def encode(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    payload = buffer.getvalue()
+    return MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+
+
+def decode(data: bytes, where: str = "checkpoint"):
+    head = len(MAGIC) + 65
+    if len(data) < head or not data.startswith(MAGIC) or data[head - 1:head] != b"\n":
+        raise CorruptCheckpoint(f"{where}: bad header (truncated or not a thinwire checkpoint)")
+    digest, payload = data[len(MAGIC):head - 1].decode(errors="replace"), data[head:]
+    if hashlib.sha256(payload).hexdigest() != digest:
+        raise CorruptCheckpoint(f"{where}: checksum mismatch ({len(payload)} payload bytes)")
+    return torch.load(io.BytesIO(payload), weights_only=True)
+
+
+class CheckpointStore:
+    """Checkpoints of many keys (one per shard, one for the dense model) in one folder."""
+
+    def __init__(self, root: str | os.PathLike, keep: int = 2):
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1 (full checkpoints kept per key), got {keep}")
+        self.root, self.keep = Path(root), keep
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.bytes_written = 0
+
+    def versions(self, key: str) -> list[tuple[int, str, Path]]:
+        """(version, kind, path) of every file of `key`, oldest first."""
+        out = []
+        for path in self.root.iterdir():
+            m = _NAME.match(path.name)
+            if m and m["key"] == key:
+                out.append((int(m["version"]), m["kind"], path))
+        return sorted(out)
+
+    def save(self, key: str, obj, kind: str = "full") -> int:
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        if not re.fullmatch(r"[A-Za-z0-9_\-]+", key):
+            raise ValueError(f"key must be letters, digits, '_' or '-', got {key!r}")
+        existing = self.versions(key)
+        version = existing[-1][0] + 1 if existing else 1
+        data = encode(obj)
+        path = self.root / f"{key}.v{version:08d}.{kind}.ckpt"
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        self.bytes_written += len(data)
+        if kind == "full":
+            self._prune(key)
+        return version
+
+    def _prune(self, key: str) -> None:
+        """Keep the newest `keep` full files and the deltas after the oldest kept one."""
+        files = self.versions(key)
+        fulls = [v for v, kind, _ in files if kind == "full"]
+        if len(fulls) <= self.keep:
+            return
+        oldest_kept = fulls[-self.keep]
+        for version, _, path in files:
+            if version < oldest_kept:
+                path.unlink(missing_ok=True)
+
+    def read(self, path: Path):
+        return decode(path.read_bytes(), str(path))
+
+    def load_chain(self, key: str) -> tuple[int, object, list]:
+        """(version, state) of the newest readable full file and the readable deltas after it.
+
+        Corrupted or truncated files are skipped with a warning (the previous version is used);
+        FileNotFoundError when no full file of `key` can be read."""
+        files = self.versions(key)
+        for index in range(len(files) - 1, -1, -1):
+            version, kind, path = files[index]
+            if kind != "full":
+                continue
+            try:
+                base = self.read(path)
+            except (CorruptCheckpoint, OSError, RuntimeError) as err:
+                log.warning("skipping unreadable checkpoint: %s", err)
+                continue
+            deltas = []
+            for _, later_kind, later in files[index + 1:]:
+                try:
+                    deltas.append(self.read(later))
+                except (CorruptCheckpoint, OSError, RuntimeError) as err:
+                    log.warning("skipping unreadable delta: %s", err)
+            return version, base, deltas
+        raise FileNotFoundError(f"no readable full checkpoint of {key!r} in {self.root}")
+
+
+def rows_state(shard: EmbeddingShard, ids: torch.Tensor) -> dict:
+    """Rows (and their optimizer state) of the given ids of `shard`: a delta's contents."""
+    index = shard.lookup(ids)
+    return {"ids": ids.clone(), "rows": shard.rows[index].clone(),
+            "optimizer_state": {k: v[index].clone() for k, v in shard.optimizer_state.items()}}
+
+
+def apply_rows(shard: EmbeddingShard, delta: dict) -> None:
+    index = shard.lookup(delta["ids"])
+    shard.rows[index] = delta["rows"].to(shard.dtype)
+    for name, value in delta["optimizer_state"].items():
+        if name not in shard.optimizer_state:
+            shard.optimizer_state[name] = torch.zeros_like(shard.rows)
+        shard.optimizer_state[name][index] = value
+
+
+def restore_shard(store: CheckpointStore, key: str, shard: EmbeddingShard) -> int:
+    """Load the newest valid full checkpoint of `key` into `shard`, then its deltas in order;
+    returns the full file's version."""
+    version, base, deltas = store.load_chain(key)
+    shard.load_state_dict(base)
+    for delta in deltas:
+        apply_rows(shard, delta)
+    return version

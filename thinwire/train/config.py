@@ -1,0 +1,142 @@
+"""One training run's configuration: plain values, checked once, shared by the command line.
+
+`add_arguments(parser)` is used by both `thinwire train` and `python -m thinwire.train`, so the
+two entry points take exactly the same options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import asdict, dataclass, fields
+
+from thinwire.train import hooks, models
+
+OPTIMIZERS = ("sgd", "lars")
+AMP_MODES = ("none", "bf16", "fp16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class TrainConfig:
+    model: str = "mlp"
+    algorithm: str = "hitopk"
+    density: float = 0.01
+    selector: str = "mstopk"
+    powersgd_rank: int = 4
+    optimizer: str = "sgd"
+    lr: float | None = None          # None: the model's default (models.MODELS)
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    warmup_steps: int | None = None  # None: 5% of the run
+    epochs: int = 1
+    max_iters: int = 0               # 0: no cap, train all epochs
+    stop_after: int = 0              # 0: run to the end; N: stop (and checkpoint) after N steps
+    batch_size: int = 32             # per rank
+    amp: str = "none"
+    device: str = "auto"
+    seed: int = 0
+    checkpoint: str | None = None    # a directory, one file per rank
+    checkpoint_every: int = 0
+    resume: str | None = None
+    metrics: str | None = None       # JSONL, written by rank 0
+    summary: str | None = None       # JSON, written by rank 0 at the end
+    eval_every: int = 0              # steps; 0: at the end of every epoch
+    log_every: int = 10
+    target_accuracy: float | None = None
+    compute_probe_iters: int = 5     # 0: do not measure compute-only time
+    ranks_per_node: int | None = None
+    progress: bool = True
+
+    def validate(self) -> "TrainConfig":
+        models.check_model(self.model)
+        hooks.check_algorithm(self.algorithm)
+        self.density = hooks.check_density(self.density)
+        hooks.check_selector(self.selector)
+        hooks.check_powersgd_rank(self.powersgd_rank)
+        _choice("--optimizer", self.optimizer, OPTIMIZERS)
+        _choice("--amp", self.amp, AMP_MODES)
+        _choice("--device", self.device, DEVICES)
+        if self.lr is not None:
+            _positive("--lr", self.lr)
+        for name in ("momentum", "weight_decay"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"--{name.replace('_', '-')} must be a number >= 0, got {value!r}")
+        _integer("--epochs", self.epochs, 1)
+        _integer("--batch-size", self.batch_size, 1)
+        for name in ("max_iters", "stop_after", "checkpoint_every", "eval_every",
+                     "compute_probe_iters"):
+            _integer("--" + name.replace("_", "-"), getattr(self, name), 0)
+        _integer("--log-every", self.log_every, 1)
+        if self.warmup_steps is not None:
+            _integer("--warmup-steps", self.warmup_steps, 0)
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise ValueError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy!r}")
+        if self.checkpoint_every and not self.checkpoint:
+            raise ValueError("--checkpoint-every needs --checkpoint DIR (where to write it)")
+        if self.stop_after and not self.checkpoint:
+            raise ValueError("--stop-after needs --checkpoint DIR (to resume from later)")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _choice(param: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{param} must be one of {', '.join(allowed)}, got {value!r}")
+
+
+def _positive(param: str, value) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{param} must be a number > 0, got {value!r}")
+
+
+def _integer(param: str, value, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{param} must be an integer >= {low}, got {value!r}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = TrainConfig()
+    a = parser.add_argument
+    # Choices are checked in TrainConfig.validate (one message style for CLI and Python).
+    a("--model", default=d.model, help=f"one of {', '.join(models.MODELS)} (default {d.model})")
+    a("--algorithm", default=d.algorithm,
+      help=f"one of {', '.join(hooks.ALGORITHMS)} (default {d.algorithm})")
+    a("--density", type=float, default=d.density, help="top-k density for the sparse algorithms")
+    a("--selector", default=d.selector, help=f"top-k selector: {', '.join(hooks.SELECTORS)}")
+    a("--powersgd-rank", type=int, default=d.powersgd_rank, help="PowerSGD's matrix rank")
+    a("--optimizer", default=d.optimizer, help="sgd (momentum) or lars")
+    a("--lr", type=float, default=None,
+      help="peak learning rate (default: the model's for sgd, 2.0 for lars)")
+    a("--momentum", type=float, default=d.momentum)
+    a("--weight-decay", type=float, default=d.weight_decay)
+    a("--warmup-steps", type=int, default=None, help="linear warm-up (default 5%% of the run)")
+    a("--epochs", type=int, default=d.epochs)
+    a("--max-iters", type=int, default=d.max_iters, help="cap on steps (0 = all epochs)")
+    a("--stop-after", type=int, default=d.stop_after,
+      help="stop after N steps of this process and checkpoint (to resume later)")
+    a("--batch-size", type=int, default=d.batch_size, help="samples per rank per step")
+    a("--amp", default=d.amp, help="none, bf16 (CPU or CUDA) or fp16 (CUDA, with GradScaler)")
+    a("--device", default=d.device, help="auto, cpu or cuda")
+    a("--seed", type=int, default=d.seed)
+    a("--checkpoint", default=None, metavar="DIR", help="write checkpoints here (one file a rank)")
+    a("--checkpoint-every", type=int, default=0, metavar="STEPS")
+    a("--resume", default=None, metavar="DIR", help="continue from this checkpoint")
+    a("--metrics", default=None, metavar="PATH", help="JSONL metrics (rank 0)")
+    a("--summary", default=None, metavar="PATH", help="JSON summary at the end (rank 0)")
+    a("--eval-every", type=int, default=0, metavar="STEPS", help="0 = at each epoch's end")
+    a("--log-every", type=int, default=d.log_every, metavar="STEPS")
+    a("--target-accuracy", type=float, default=None, help="report the time to reach it")
+    a("--compute-probe-iters", type=int, default=d.compute_probe_iters,
+      help="steps timed without communication, for the communication share (0 = skip)")
+    a("--ranks-per-node", type=int, default=None,
+      help="default: THINWIRE_RANKS_PER_NODE or torchrun's LOCAL_WORLD_SIZE")
+    a("--no-progress", dest="progress", action="store_false", help="no tqdm bar")
+
+
+def from_args(args: argparse.Namespace) -> TrainConfig:
+    names = {f.name for f in fields(TrainConfig)}
+    return TrainConfig(**{k: v for k, v in vars(args).items() if k in names}).validate()

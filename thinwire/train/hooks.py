@@ -1,0 +1,150 @@
+"""Algorithm name -> the DDP communication hook that implements it.
+
+thinwire's own (`allreduce`, `hier_allreduce`, `topk_allgather`, `hitopk`) go through
+`thinwire.ddp.register`; PyTorch's own are the peers they are compared with:
+
+* `ddp`: no hook at all, DDP's built-in bucketed all-reduce;
+* `ddp-fp16`: `default_hooks.fp16_compress_hook` (halves the bytes);
+* `powersgd`: `powerSGD_hook` with rank `--powersgd-rank`, error feedback and warm start, and
+  compression from the third step on (the least PyTorch allows with error feedback).
+
+Each returns a :class:`Sync`: what the checkpoint stores (the residuals) and the counters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch.nn.parallel import DistributedDataParallel
+
+import thinwire.ddp
+from thinwire import topk
+
+THINWIRE_ALGORITHMS = ("allreduce", "hier_allreduce", "topk_allgather", "hitopk")
+TORCH_ALGORITHMS = ("ddp", "ddp-fp16", "powersgd")
+ALGORITHMS = THINWIRE_ALGORITHMS + TORCH_ALGORITHMS
+SELECTORS = ("mstopk", "exact", "sampled")
+POWERSGD_START_ITER = 2
+
+
+def check_algorithm(name: str) -> str:
+    if name not in ALGORITHMS:
+        raise ValueError(f"--algorithm must be one of {', '.join(ALGORITHMS)}, got {name!r}")
+    return name
+
+
+def check_density(density: float) -> float:
+    try:
+        return topk.validate_density(density)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"--density must be a number in (0, 1], got {density!r} ({exc})") from None
+
+
+def check_selector(name: str) -> str:
+    if name not in SELECTORS:
+        raise ValueError(f"--selector must be one of {', '.join(SELECTORS)}, got {name!r}")
+    return name
+
+
+def check_powersgd_rank(rank: int) -> int:
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"--powersgd-rank must be an integer >= 1, got {rank!r}")
+    return rank
+
+
+@dataclass
+class Sync:
+    algorithm: str
+    state: Any = None  # thinwire SyncState, PowerSGDState, or None (ddp, ddp-fp16)
+    layouts: dict | None = None  # PowerSGD: bucket index -> its parameters (model order)
+
+    def state_dict(self) -> Any:
+        """What a checkpoint keeps of the hook: residuals and step counts."""
+        if self.algorithm in THINWIRE_ALGORITHMS:
+            return self.state.state_dict()
+        if self.algorithm == "powersgd":
+            out = {slot: getattr(self.state, slot) for slot in _POWERSGD_SLOTS}
+            out["layouts"] = dict(self.layouts)
+            return out
+        return None
+
+    def load_state_dict(self, saved: Any) -> None:
+        if self.algorithm in THINWIRE_ALGORITHMS:
+            self.state.load_state_dict(saved)
+        elif self.algorithm == "powersgd":
+            for slot in _POWERSGD_SLOTS:
+                setattr(self.state, slot, saved[slot])
+            self.layouts.clear()
+            self.layouts.update(saved["layouts"])
+
+    def totals(self) -> dict | None:
+        """thinwire's own counters (bytes by link class, seconds selecting and communicating)."""
+        if self.algorithm in THINWIRE_ALGORITHMS:
+            return dict(self.state.totals)
+        return None
+
+
+# What of a PowerSGDState changes while training (the rest is configuration).
+_POWERSGD_SLOTS = ("iter", "error_dict", "p_memory_dict", "q_memory_dict", "rng",
+                   "total_numel_before_compression", "total_numel_after_compression")
+
+
+def register(model: DistributedDataParallel, algorithm: str, density: float = 0.01,
+             selector: str = "mstopk", powersgd_rank: int = 4, seed: int = 0,
+             ranks_per_node: int | None = None) -> Sync:
+    """Register ``algorithm`` on ``model`` (collective: every rank calls it)."""
+    check_algorithm(algorithm)
+    if algorithm in THINWIRE_ALGORITHMS:
+        state = thinwire.ddp.register(model, algorithm=algorithm, density=check_density(density),
+                                      selector=check_selector(selector),
+                                      ranks_per_node=ranks_per_node)
+        return Sync(algorithm, state)
+    if algorithm == "ddp":
+        return Sync(algorithm)
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if algorithm == "ddp-fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return Sync(algorithm)
+    state = powerSGD_hook.PowerSGDState(
+        process_group=None, matrix_approximation_rank=check_powersgd_rank(powersgd_rank),
+        start_powerSGD_iter=POWERSGD_START_ITER, use_error_feedback=True, warm_start=True,
+        random_seed=seed)
+    layouts: dict = {}
+    param_index = {id(p): i for i, p in enumerate(model.module.parameters())}
+
+    def powersgd(state, bucket):  # no annotation: DDP checks it as an object
+        return _powersgd_resumable(layouts, param_index, state, bucket)
+
+    model.register_comm_hook(state, powersgd)
+    return Sync(algorithm, state, layouts)
+
+
+def _powersgd_resumable(layouts: dict, param_index: dict, state, bucket):
+    """powerSGD_hook, one bucket at a time on gloo, after dropping memory saved for a bucket
+    that now holds other parameters or holds them in another order.
+
+    DDP rebuilds its buckets after the first step; a resumed run starts with unrebuilt buckets,
+    so a restored error or P/Q memory may belong to other coordinates than those its bucket
+    index holds now. PyTorch keys the memory by bucket index only (and fails on a size
+    mismatch); such a bucket starts its memory afresh instead, so PowerSGD resumes
+    approximately where the layout changed (thinwire's own hooks keep a canonical order and
+    resume exactly). Compression starts after the rebuild, so uninterrupted runs never drop.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    index = bucket.index()
+    layout = tuple(param_index.get(id(p), -1) for p in bucket.parameters())
+    if layouts.get(index, layout) != layout:
+        for memory in (state.error_dict, state.p_memory_dict, state.q_memory_dict):
+            memory.pop(index, None)
+    layouts[index] = layout
+    future = powerSGD_hook.powerSGD_hook(state, bucket)
+    if not bucket.buffer().is_cuda:
+        # On gloo, PyTorch's hook launches its second all-reduce (Q) from a callback on gloo's
+        # thread while the autograd thread launches the next bucket's first (P): ranks then
+        # issue collectives in different orders and gloo fails ("Received data size doesn't
+        # match expected size"). Finishing each bucket before the next keeps them in step.
+        future.wait()
+    return future

@@ -1,0 +1,269 @@
+"""The training loop (nanoGPT-style: one function a reader can hold in their head).
+
+    summary = train(TrainConfig(model="lenet", algorithm="hitopk", epochs=2))
+
+Under torchrun (``RANK`` in the environment) every rank runs this; without it, a world of one
+in this process. Per step: forward and backward (DDP's hook synchronises the gradients during
+backward), optimizer step, schedule step. Timing covers whole steps only (not evaluation or
+checkpoints) and leaves out the first ``WARMUP_STEPS`` (DDP rebuilds its buckets after step 1).
+
+The communication share: before training, every rank times ``compute_probe_iters`` steps of a
+copy of the model and optimizer without DDP (all ranks at once, so the CPU is as contended as in
+training). ``sync_ms_per_iter`` = mean step time - that compute-only time: what synchronisation
+adds to a step, overlapped parts excluded. Inter-node bytes come from the node interface's
+counters on the emulated cluster (every byte that left the node, headers included) and from
+thinwire's traffic model elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from thinwire.optim import LARS, param_groups, warmup_cosine, warmup_poly
+from thinwire.train import checkpoint, data, hooks, models
+from thinwire.train.config import TrainConfig
+from thinwire.train.metrics import Metrics, interface_tx_bytes
+
+log = logging.getLogger("thinwire.train")
+WARMUP_STEPS = 2
+# LARS scales each layer's step by trust = 0.001 * ||w|| / ||g||: its lr is ~10-100x SGD's.
+LARS_DEFAULT_LR = 2.0
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Run ``cfg``; returns the summary on rank 0 (an empty dict on other ranks)."""
+    cfg.validate()
+    device = _device(cfg)
+    owns_group = _init_distributed(device)
+    try:
+        return _train(cfg, device)
+    finally:
+        if owns_group:
+            dist.destroy_process_group()
+
+
+def _device(cfg: TrainConfig) -> torch.device:
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available (use --device cpu)")
+    if cfg.amp == "fp16" and not (cfg.device != "cpu" and torch.cuda.is_available()):
+        raise ValueError("--amp fp16 needs a CUDA device (fp16 with GradScaler); on the CPU use "
+                         "--amp bf16 or --amp none")
+    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def _init_distributed(device: torch.device) -> bool:
+    if dist.is_initialized():
+        return False
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if "RANK" in os.environ:
+        dist.init_process_group(backend)
+    else:  # a world of one, for a plain `thinwire train`
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return True
+
+
+def _optimizer(cfg: TrainConfig, model: torch.nn.Module, total_steps: int):
+    lr = cfg.lr if cfg.lr is not None else \
+        (LARS_DEFAULT_LR if cfg.optimizer == "lars" else models.default_lr(cfg.model))
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round(0.05 * total_steps)
+    warmup = min(warmup, total_steps)
+    if cfg.optimizer == "lars":
+        opt = LARS(param_groups(model, cfg.weight_decay), lr=lr, momentum=cfg.momentum)
+        return opt, warmup_poly(opt, total_steps, warmup)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum,
+                          weight_decay=cfg.weight_decay)
+    return opt, warmup_cosine(opt, total_steps, warmup)
+
+
+def _autocast(cfg: TrainConfig, device: torch.device):
+    if cfg.amp == "none":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if cfg.amp == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def _batch(ds: data.Dataset, index: torch.Tensor, device: torch.device):
+    return ds.train_x[index].to(device, non_blocking=True), ds.train_y[index].to(device)
+
+
+def _step(cfg, model, opt, sched, scaler, x, y, device) -> torch.Tensor:
+    with _autocast(cfg, device):
+        loss, _, _ = models.loss_and_correct(model, x, y)
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)  # LARS's trust ratios need the true gradients
+        scaler.step(opt)
+        scaler.update()
+    else:
+        loss.backward()
+        opt.step()
+    if sched is not None:
+        sched.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def compute_only_ms(cfg, module, ds, batches, device, total_steps) -> float | None:
+    """Median step time of a copy of the model and optimizer, no communication at all."""
+    if not cfg.compute_probe_iters:
+        return None
+    probe = copy.deepcopy(module)
+    opt, _ = _optimizer(cfg, probe, total_steps)
+    scaler = torch.amp.GradScaler("cuda") if cfg.amp == "fp16" else None
+    times = []
+    dist.barrier()
+    for i in range(cfg.compute_probe_iters + 1):
+        x, y = _batch(ds, batches[i % len(batches)], device)
+        start = time.perf_counter()
+        _step(cfg, probe, opt, None, scaler, x, y, device)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i:  # the first one allocates
+            times.append(time.perf_counter() - start)
+    dist.barrier()
+    return 1000 * statistics.median(times)
+
+
+@torch.no_grad()
+def evaluate(cfg, module, ds, device) -> tuple[float, float]:
+    """Test accuracy and loss over the whole test set; each rank takes every W-th sample."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    module.eval()
+    totals = torch.zeros(3, dtype=torch.float64)
+    for chunk in torch.arange(rank, ds.test_x.shape[0], world).split(500):
+        x, y = ds.test_x[chunk].to(device), ds.test_y[chunk].to(device)
+        with _autocast(cfg, device):
+            loss, correct, count = models.loss_and_correct(module, x, y)
+        totals += torch.tensor([correct.item(), count, loss.item() * count], dtype=torch.float64)
+    module.train()
+    if device.type == "cuda":
+        totals = totals.to(device)
+    dist.all_reduce(totals)
+    totals = totals.cpu()
+    return float(totals[0] / totals[1]), float(totals[2] / totals[1])
+
+
+def _train(cfg: TrainConfig, device: torch.device) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(cfg.seed)
+    ds = data.load(models.data_name(cfg.model))
+    module = models.build(cfg.model, cfg.seed).to(device)
+    steps_per_epoch = len(data.rank_batches(len(ds), cfg.batch_size, rank, world, cfg.seed, 0))
+    total_steps = cfg.epochs * steps_per_epoch
+    if cfg.max_iters:
+        total_steps = min(total_steps, cfg.max_iters)
+    saved = checkpoint.load(cfg.resume, rank, cfg, world) if cfg.resume else None
+    if saved is not None:
+        module.load_state_dict(saved["model"])
+    model = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda"
+                                    else None)
+    sync = hooks.register(model, cfg.algorithm, cfg.density, cfg.selector, cfg.powersgd_rank,
+                          cfg.seed, cfg.ranks_per_node)
+    opt, sched = _optimizer(cfg, module, total_steps)
+    scaler = torch.amp.GradScaler("cuda") if cfg.amp == "fp16" else None
+    metrics = Metrics(cfg, rank, world, total_steps)
+    step, epoch, position = 0, 0, 0
+    if saved is not None:
+        opt.load_state_dict(saved["optimizer"])
+        sched.load_state_dict(saved["scheduler"])
+        if scaler is not None and saved.get("scaler"):
+            scaler.load_state_dict(saved["scaler"])
+        sync.load_state_dict(saved["hook"])
+        step, epoch, position = saved["step"], saved["epoch"], saved["position"]
+        metrics.load_state_dict(saved["metrics"])
+        log.info("rank %d: resumed from %s at step %d (epoch %d, batch %d)", rank, cfg.resume,
+                 step, epoch, position)
+    first_batches = data.rank_batches(len(ds), cfg.batch_size, rank, world, cfg.seed, epoch)
+    metrics.compute_ms = compute_only_ms(cfg, module, ds, first_batches, device, total_steps)
+    start_step = step
+    tx_start = None
+
+    def save_checkpoint():
+        checkpoint.save(cfg.checkpoint, rank, {
+            "identity": checkpoint.identity(cfg), "world_size": world, "model": module.state_dict(),
+            "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "hook": sync.state_dict(), "step": step, "epoch": epoch, "position": position,
+            "metrics": metrics.state_dict()})
+
+    def run_eval():
+        acc, loss = evaluate(cfg, module, ds, device)
+        metrics.record_eval(step, epoch, acc, loss)
+
+    stopped = False
+    while step < total_steps and not stopped:
+        batches = data.rank_batches(len(ds), cfg.batch_size, rank, world, cfg.seed, epoch)
+        while position < len(batches) and step < total_steps and not stopped:
+            if step - start_step == WARMUP_STEPS:
+                tx_start = interface_tx_bytes()
+                metrics.start_timing(sync.totals())
+            x, y = _batch(ds, batches[position], device)
+            begin = time.perf_counter()
+            loss = _step(cfg, model, opt, sched, scaler, x, y, device)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            step, position = step + 1, position + 1
+            metrics.record_step(step, epoch, time.perf_counter() - begin, loss,
+                                sched.get_last_lr()[0])
+            if cfg.eval_every and step % cfg.eval_every == 0:
+                run_eval()
+            if cfg.checkpoint and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                save_checkpoint()
+            stopped = bool(cfg.stop_after) and step - start_step >= cfg.stop_after
+        epoch_done = position >= len(batches)
+        if epoch_done:
+            epoch, position = epoch + 1, 0
+        if not cfg.eval_every and (epoch_done or step >= total_steps):
+            run_eval()
+    tx_end = interface_tx_bytes()
+    metrics.stop_timing(sync.totals(), tx_start, tx_end)
+    if cfg.eval_every and not stopped and (not metrics.curve
+                                          or metrics.curve[-1]["step"] != step):
+        run_eval()
+    if cfg.checkpoint:
+        save_checkpoint()
+    summary = metrics.summary(cfg, step, sum(p.numel() for p in module.parameters()),
+                              stopped=stopped)
+    metrics.close()
+    dist.barrier()
+    return summary if rank == 0 else {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m thinwire.train``: the same options as ``thinwire train``."""
+    import argparse
+    import sys
+
+    from thinwire.train.config import add_arguments, from_args
+
+    parser = argparse.ArgumentParser(prog="python -m thinwire.train",
+                                     description="Train one model with one algorithm (torchrun-"
+                                                 "compatible).")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    setup_logging()
+    try:
+        train(from_args(args))
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"thinwire train: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def setup_logging(verbose: bool = False) -> None:
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,168 @@
+"""What a run measures and reports: step times, accuracy over training time, bytes on the wire.
+
+Rank 0 writes JSONL lines (``{"event": "step" | "eval" | "summary", ...}``) and draws the tqdm
+bar; every rank takes part in the few all-reduces that turn per-rank numbers into run numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("thinwire.train")
+
+
+def interface_tx_bytes(ifname: str = "eth0") -> int | None:
+    """Bytes this node has sent out of its inter-node interface (local rank 0 of a node of the
+    shaped emulated cluster only; None elsewhere). Every byte that left the node, headers too."""
+    if os.environ.get("THINWIRE_CLUSTER_SHAPED") != "1" or os.environ.get("LOCAL_RANK", "0") != "0":
+        return None
+    try:
+        for line in Path("/proc/net/dev").read_text().splitlines():
+            name, _, counters = line.partition(":")
+            if name.strip() == ifname:
+                return int(counters.split()[8])  # rx: 8 fields, then tx bytes
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+class Metrics:
+    def __init__(self, cfg, rank: int, world: int, total_steps: int):
+        self.rank, self.world, self.total_steps = rank, world, total_steps
+        self.train_time_s = 0.0          # step time only, summed over the whole run
+        self.curve: list[dict] = []      # evaluations: accuracy against training time
+        self.compute_ms: float | None = None
+        self.timed_steps, self.timed_s = 0, 0.0
+        self._timing, self._totals_start, self.hook_totals = False, None, None
+        self.inter_node_bytes_per_iter: float | None = None
+        self.inter_node_source: str | None = None
+        self.last_loss = float("nan")
+        self.target = cfg.target_accuracy
+        self.log_every = cfg.log_every
+        self._file = open(cfg.metrics, "a") if cfg.metrics and rank == 0 else None
+        self._want_bar = cfg.progress and rank == 0
+        self._bar = None
+
+    # ---------------------------------------------------------------- per step and evaluation
+
+    def record_step(self, step: int, epoch: int, seconds: float, loss: torch.Tensor,
+                    lr: float) -> None:
+        self.train_time_s += seconds
+        if self._timing:
+            self.timed_steps += 1
+            self.timed_s += seconds
+        if step % self.log_every == 0 or step == self.total_steps:
+            self.last_loss = float(loss)
+            self._write({"event": "step", "step": step, "epoch": epoch, "loss": self.last_loss,
+                         "lr": lr, "step_ms": 1000 * seconds, "train_time_s": self.train_time_s})
+        if self._want_bar:
+            if self._bar is None:
+                from tqdm import tqdm
+                self._bar = tqdm(total=self.total_steps, initial=step - 1, desc="train",
+                                 unit="step", mininterval=2.0, dynamic_ncols=True)
+            self._bar.update(1)
+            if step % self.log_every == 0:
+                self._bar.set_postfix(loss=f"{self.last_loss:.3f}", refresh=False)
+
+    def record_eval(self, step: int, epoch: int, accuracy: float, loss: float) -> None:
+        point = {"step": step, "epoch": epoch, "train_time_s": self.train_time_s,
+                 "test_accuracy": accuracy, "test_loss": loss}
+        self.curve.append(point)
+        self._write({"event": "eval", **point})
+        if self.rank == 0:
+            log.info("step %d epoch %d: test accuracy %.4f, loss %.4f (%.1f s of training)",
+                     step, epoch, accuracy, loss, self.train_time_s)
+
+    # ---------------------------------------------------------------- the timed window
+
+    def start_timing(self, hook_totals: dict | None) -> None:
+        self._timing, self._totals_start = True, hook_totals
+
+    def stop_timing(self, hook_totals: dict | None, tx_start: int | None,
+                    tx_end: int | None) -> None:
+        """Combine every rank's numbers for the timed window (collective)."""
+        self._timing = False
+        delta = {k: hook_totals[k] - self._totals_start[k] for k in hook_totals} \
+            if hook_totals is not None and self._totals_start is not None else None
+        measured = tx_end - tx_start if tx_start is not None and tx_end is not None else None
+        keys = sorted(delta) if delta else []
+        numbers = torch.tensor([float(measured or 0), float(measured is not None),
+                                self.compute_ms or 0.0] + [delta[k] for k in keys],
+                               dtype=torch.float64)
+        dist.all_reduce(numbers)
+        steps = max(self.timed_steps, 1)
+        nodes = int(os.environ.get("THINWIRE_NODES", "1"))
+        summed = dict(zip(keys, numbers[3:].tolist()))
+        if numbers[1] > 0:  # one counter per node
+            self.inter_node_bytes_per_iter = float(numbers[0] / numbers[1]) / steps
+            self.inter_node_source = "interface counters"
+        elif delta is not None:
+            self.inter_node_bytes_per_iter = summed["bytes_inter"] / nodes / steps
+            self.inter_node_source = "traffic model"
+        if delta is not None:  # thinwire's own timers, mean over ranks, per step
+            self.hook_totals = {k[:-2] + "_ms_per_iter": 1000 * v / self.world / steps
+                                for k, v in summed.items() if k.endswith("_s")}
+        if self.compute_ms is not None:
+            self.compute_ms = float(numbers[2]) / self.world  # mean over ranks
+
+    # ---------------------------------------------------------------- the end
+
+    def summary(self, cfg, steps: int, parameters: int, stopped: bool) -> dict:
+        iter_ms = 1000 * self.timed_s / self.timed_steps if self.timed_steps else None
+        samples = cfg.batch_size * self.world
+        sync_ms = max(iter_ms - self.compute_ms, 0.0) \
+            if iter_ms is not None and self.compute_ms is not None else None
+        reached = [p for p in self.curve if self.target and p["test_accuracy"] >= self.target]
+        out = {
+            "model": cfg.model, "algorithm": cfg.algorithm, "density": cfg.density,
+            "selector": cfg.selector, "powersgd_rank": cfg.powersgd_rank,
+            "optimizer": cfg.optimizer, "amp": cfg.amp, "seed": cfg.seed,
+            "world_size": self.world, "nodes": int(os.environ.get("THINWIRE_NODES", "1")),
+            "batch_size": cfg.batch_size, "parameters": parameters, "steps": steps,
+            "stopped_early": stopped, "timed_steps": self.timed_steps,
+            "samples_per_s": samples / (iter_ms / 1000) if iter_ms else None,
+            "iter_ms": iter_ms, "compute_ms_per_iter": self.compute_ms,
+            "sync_ms_per_iter": sync_ms,
+            "comm_share": sync_ms / iter_ms if sync_ms is not None and iter_ms else None,
+            "inter_node_mb_per_iter": self.inter_node_bytes_per_iter / 1e6
+            if self.inter_node_bytes_per_iter is not None else None,
+            "inter_node_mb_source": self.inter_node_source,
+            "hook": self.hook_totals,
+            "test_accuracy": self.curve[-1]["test_accuracy"] if self.curve else None,
+            "final_loss": self.last_loss, "train_time_s": self.train_time_s,
+            "target_accuracy": self.target,
+            "time_to_target_s": reached[0]["train_time_s"] if reached else None,
+            "curve": self.curve,
+        }
+        self._write({"event": "summary", **out})
+        if self.rank == 0 and cfg.summary:
+            from thinwire.bench.report import write_json_atomic
+            write_json_atomic(cfg.summary, out)
+        return out
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _write(self, record: dict) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def state_dict(self) -> dict:
+        return {"train_time_s": self.train_time_s, "curve": list(self.curve)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.train_time_s = float(state["train_time_s"])
+        self.curve = list(state["curve"])
