@@ -253,3 +253,16 @@ def test_cuda_contract(method, dtype):
     values, indices = topk.select(x, 1000, method)
     assert_contract(x, 1000, values, indices)
     assert topk.captured_mass(x, indices) >= 0.95
+
+
+@pytest.mark.parametrize("n", [1, 63, 64, 1000, 70_001, 3 * (1 << 20) + 17])
+@pytest.mark.parametrize("threshold", [0.0, 0.5, 3.0, 10.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_entries_at_least_matches_a_plain_comparison(n, threshold, dtype):
+    # Covers the row screening, its dense-hit fallback, the ragged tail and block offsets.
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
+    t = torch.tensor(threshold, dtype=torch.float32)
+    indices, magnitudes = topk._entries_at_least(x, t)
+    expected = torch.nonzero(x.abs().float() >= t).squeeze(1)
+    assert torch.equal(indices, expected)
+    assert torch.equal(magnitudes, x.abs().float()[expected])
