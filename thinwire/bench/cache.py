@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from thinwire.bench.report import format_table, median_time, write_json_atomic
+from thinwire.bench.report import format_table, median_time, save_if_asked
 
 COLUMNS = ("run", "epoch", "samples", "samples_per_s", "hit_rate", "l1_hits", "l2_hits",
            "remote_hits")
@@ -212,9 +212,7 @@ def _main(args: argparse.Namespace) -> int:
         print(f"{key}: {result[key]:.4g}")
     print("targets:", ", ".join(f"{k} {'met' if v else 'MISSED'}"
                                 for k, v in result["targets"].items()))
-    if args.json:
-        write_json_atomic(args.json, result)
-        print(f"wrote {args.json}")
+    save_if_asked(args.json, result)
     return 0
 
 

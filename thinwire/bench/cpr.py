@@ -20,7 +20,7 @@ import tempfile
 import numpy as np
 import torch
 
-from thinwire.bench.report import format_table, write_json_atomic
+from thinwire.bench.report import format_table, save_if_asked
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +103,7 @@ def _main(args: argparse.Namespace) -> int:
     print(f"plan: {p['mode']} recovery, interval {p['interval']:.0f} s "
           f"(full {p['full_overhead']:.4f} at {p['full_interval']:.0f} s, partial {p['partial_overhead']:.4f} at "
           f"{p['partial_interval']:.0f} s)")
-    if args.json:
-        write_json_atomic(args.json, result)
-        print(f"wrote {args.json}")
+    save_if_asked(args.json, result)
     return 0
 
 

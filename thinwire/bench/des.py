@@ -15,7 +15,7 @@ import os
 import sys
 import tempfile
 
-from thinwire.bench.report import format_table, write_json_atomic
+from thinwire.bench.report import format_table, save_if_asked
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +84,7 @@ def _main(args: argparse.Namespace) -> int:
              "--multi-hot", str(args.multi_hot)]
     result = run(spec, args.datasets, args.models, args.methods, extra)
     print(format_table(result["rows"], COLUMNS))
-    if args.json:
-        write_json_atomic(args.json, result)
-        print(f"wrote {args.json}")
+    save_if_asked(args.json, result)
     return 0
 
 

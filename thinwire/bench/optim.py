@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from thinwire.bench.report import format_table, write_json_atomic
+from thinwire.bench.report import format_table, save_if_asked
 
 log = logging.getLogger(__name__)
 
@@ -169,10 +169,8 @@ def main(args: argparse.Namespace) -> int:
     rows = run(tuple(args.cases), repeats=args.repeats, device=args.device, seed=args.seed)
     print(format_table(rows, ["case", "method", "tensors", "elements", "median_s",
                               "speedup_vs_per_tensor", "time_vs_sgd_foreach"]))
-    if args.json:
-        write_json_atomic(args.json, {"benchmark": "optim", "torch": torch.__version__,
-                                      "threads": torch.get_num_threads(), "rows": rows})
-        print(f"wrote {args.json}")
+    save_if_asked(args.json, {"benchmark": "optim", "torch": torch.__version__,
+                              "threads": torch.get_num_threads(), "rows": rows})
     return 0
 
 

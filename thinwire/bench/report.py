@@ -45,6 +45,13 @@ def write_json_atomic(path: str | os.PathLike, payload: Any) -> None:
         raise
 
 
+def save_if_asked(path: str | os.PathLike | None, payload: Any) -> None:
+    """The ``--json PATH`` of every benchmark: write atomically and say where, or do nothing."""
+    if path:
+        write_json_atomic(path, payload)
+        print(f"wrote {path}")
+
+
 def format_table(rows: Sequence[dict], columns: Iterable[str]) -> str:
     """A fixed-width table of `rows` restricted to `columns`; floats get 4 significant digits."""
     columns = list(columns)

@@ -13,7 +13,7 @@ import os
 import sys
 import tempfile
 
-from thinwire.bench.report import format_table, write_json_atomic
+from thinwire.bench.report import format_table, save_if_asked
 from thinwire.collectives import ALGORITHMS
 
 COLUMNS = ("algorithm", "median_s", "vs_allreduce", "vs_topk_allgather", "inter_mb", "intra_mb",
@@ -62,9 +62,7 @@ def _main(args: argparse.Namespace) -> int:
     result = run(spec, args.size, args.bucket_mb, args.density, args.selector, args.algorithms,
                  args.repeats)
     print(format_table(result["rows"], COLUMNS))
-    if args.json:
-        write_json_atomic(args.json, result)
-        print(f"wrote {args.json}")
+    save_if_asked(args.json, result)
     return 0
 
 

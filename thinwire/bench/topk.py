@@ -13,7 +13,7 @@ import platform
 import torch
 
 from thinwire import topk
-from thinwire.bench.report import format_table, median_time, write_json_atomic
+from thinwire.bench.report import format_table, median_time, save_if_asked
 
 DEFAULT_SIZES = (1_000_000, 25_600_000, 110_000_000)  # 1M, ResNet-50, BERT-base
 DEFAULT_DENSITIES = (0.01, 0.001)
@@ -78,11 +78,9 @@ def _main(args: argparse.Namespace) -> int:
         print(f"note: --repeats {args.repeats} is below the 5 the published figures use")
     rows = run(args.sizes, args.densities, args.methods, args.repeats, args.device)
     print(format_table(rows, COLUMNS))
-    if args.json:
-        write_json_atomic(args.json, {
-            "benchmark": "topk", "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "machine": platform.machine(), "processor": platform.processor(), "rows": rows})
-        print(f"wrote {args.json}")
+    save_if_asked(args.json, {
+        "benchmark": "topk", "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "machine": platform.machine(), "processor": platform.processor(), "rows": rows})
     return 0
 
 
