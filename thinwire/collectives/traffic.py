@@ -18,11 +18,6 @@ class Traffic:
     intra: float = 0.0
     inter: float = 0.0
 
-    def __iadd__(self, other: "Traffic") -> "Traffic":
-        self.intra += other.intra
-        self.inter += other.inter
-        return self
-
 
 def _world_ring(topology, sent_bytes: float) -> Traffic:
     crosses = topology.nodes > 1 and topology.local_rank == topology.ranks_per_node - 1

@@ -54,8 +54,12 @@ class WarmupPoly:
         decay_steps = self.total_steps - self.warmup_steps
         if step >= self.total_steps or decay_steps == 0:
             return self.end_factor
-        remaining = 1.0 - (step - self.warmup_steps) / decay_steps
-        return self.end_factor + (1.0 - self.end_factor) * remaining ** self.power
+        progress = (step - self.warmup_steps) / decay_steps
+        return self.end_factor + (1.0 - self.end_factor) * self._decay(progress)
+
+    def _decay(self, progress: float) -> float:
+        """The decay's shape: 1 at the end of the warm-up (progress 0), 0 at the end."""
+        return (1.0 - progress) ** self.power
 
 
 class WarmupCosine(WarmupPoly):
@@ -64,14 +68,8 @@ class WarmupCosine(WarmupPoly):
     def __init__(self, total_steps: int, warmup_steps: int = 0, end_factor: float = 0.0) -> None:
         super().__init__(total_steps, warmup_steps, power=1.0, end_factor=end_factor)
 
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
-        decay_steps = self.total_steps - self.warmup_steps
-        if step >= self.total_steps or decay_steps == 0:
-            return self.end_factor
-        progress = (step - self.warmup_steps) / decay_steps
-        return self.end_factor + (1.0 - self.end_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    def _decay(self, progress: float) -> float:
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def warmup_poly(optimizer: Optimizer, total_steps: int, warmup_steps: int = 0,
