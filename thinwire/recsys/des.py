@@ -4,7 +4,8 @@ One training step on rank r (every rank runs the same code, on its own samples):
 
 1. *route* - each entry (id, x) of r's batch goes to ``owner_of(id)``, grouped into the
    segments (samples for LR/FM, (sample, field) bags for W&D/DeepFM) that the owner touches:
-   ids, then one length per touched segment (the owner never learns sample numbers);
+   each distinct id once, a narrow index per entry, one length per touched segment
+   (thinwire.recsys.routing; the owner never learns sample numbers);
 2. *partial* - the owner gathers its rows and computes ``model.partial`` per received segment
    (autograd on), and returns one partial row per segment, in the order received;
 3. *aggregate* - r adds each owner's partials into its segments (sparse: only the segments that
@@ -27,6 +28,7 @@ import torch
 from thinwire.recsys.comm import ByteCounter, Comm, id_dtype
 from thinwire.recsys.data import Batch
 from thinwire.recsys.models import RecModel, bce_loss, check_fields, segments
+from thinwire.recsys.routing import Received, block_bytes, decode, encode
 from thinwire.recsys.sharded import EmbeddingShard, SparseOptimizer, check_ids, owner_of
 
 ROUTES = ("des", "table", "row")
@@ -55,57 +57,51 @@ class OwnerComputeHead:
 
     # -- requester side ------------------------------------------------------------------
     def _plan(self, batch: Batch):
-        """Per entry: its segment and owner; per owner: the segments sent to it, sorted."""
+        """Per entry: its segment and owner; the segments sent to each owner, in owner order,
+        with their entry counts."""
         world, fields = self.comm.world, batch.num_fields
         if self.route == "des":
             seg, count = segments(batch, self.model)
             dest = owner_of(batch.ids, world)
-            key = dest * count + seg
-            touched = torch.unique(key)
-            lists = [touched[(touched // count) == k] % count for k in range(world)]
         else:
             seg, count = batch.bag_of_entry(), batch.batch_size * fields
-            all_bags = torch.arange(count)
-            if self.route == "table":
-                dest = (seg % fields) % world
-                lists = [all_bags[(all_bags % fields) % world == k] for k in range(world)]
-            else:
-                dest = owner_of(batch.ids, world)
-                lists = [all_bags] * world
-        return seg, count, dest, lists
+            dest = (seg % fields) % world if self.route == "table" else \
+                owner_of(batch.ids, world)
+        key = dest * count + seg
+        per_key = torch.bincount(key, minlength=world * count)
+        if self.route == "des":  # only the segments an owner touched
+            target_keys = per_key.nonzero().squeeze(1)
+        elif self.route == "table":  # every bag of the owner's fields
+            bags = torch.arange(count)
+            target_keys = torch.cat([k * count + bags[(bags % fields) % world == k]
+                                     for k in range(world)])
+        else:  # every bag of the batch, from every owner: dense
+            target_keys = (torch.arange(world)[:, None] * count +
+                           torch.arange(count)[None, :]).reshape(-1)
+        sent = torch.bincount(target_keys // count, minlength=world)
+        return key, count, dest, target_keys % count, per_key[target_keys], sent
 
     def forward(self, batch: Batch, train: bool = True) -> torch.Tensor:
         """Logits of this rank's samples (collective: every rank calls it)."""
         check_fields(batch, self.model)
         check_ids(batch.ids, self.num_rows, "batch.ids")
         world = self.comm.world
-        seg, count, dest, lists = self._plan(batch)
-        order = torch.argsort(dest * count + seg, stable=True)
-        ids, seg_s, dest_s = batch.ids[order], seg[order], dest[order]
-        n = torch.bincount(dest_s, minlength=world)
-        per_owner_ids = ids.split(n.tolist())
-        per_owner_seg = seg_s.split(n.tolist())
-        payload, lengths_sent = [], []
-        for k in range(world):
-            lengths = torch.bincount(per_owner_seg[k], minlength=count)[lists[k]]
-            payload += [per_owner_ids[k], lengths]
-            lengths_sent.append(len(lengths))
-        s = torch.tensor(lengths_sent)
-        sizes = torch.stack([n, s], 1)
-        recv_sizes = self.comm.counts(sizes, "ids")
-        send_split = (n + s).tolist()
-        recv_split = recv_sizes.sum(1).tolist()
-        ints = self.comm.alltoallv(torch.cat(payload).to(self.id_dtype), send_split,
-                                   recv_split, "ids")
+        key, count, dest, targets, lengths, s = self._plan(batch)
+        order = torch.argsort(key, stable=True)
+        stream, header = encode(batch.ids[order], dest[order], lengths, s, world,
+                                self.id_dtype, dedup=self.route == "des")
+        recv_header = self.comm.counts(header, "ids")
+        id_bytes = torch.empty((), dtype=self.id_dtype).element_size()
+        ints = self.comm.alltoallv(stream, block_bytes(header, id_bytes).tolist(),
+                                   block_bytes(recv_header, id_bytes).tolist(), "ids")
         values = None
         if batch.values is not None:
-            values = self.comm.alltoallv(batch.values[order], n.tolist(),
-                                         recv_sizes[:, 0].tolist(), "ids")
-        partial = self._owner_partial(ints.long(), recv_sizes, values, train)
-        received = self.comm.alltoallv(partial.detach(), recv_sizes[:, 1].tolist(), s.tolist(),
+            values = self.comm.alltoallv(batch.values[order], header[:, 0].tolist(),
+                                         recv_header[:, 0].tolist(), "ids")
+        partial = self._owner_partial(decode(ints, recv_header, self.id_dtype), values, train)
+        received = self.comm.alltoallv(partial.detach(), recv_header[:, 1].tolist(), s.tolist(),
                                        "partials")
         received.requires_grad_(train)
-        targets = torch.cat(lists)
         full = torch.zeros(count, self.model.partial_dim, dtype=received.dtype)
         full = full.index_add(0, targets, received)
         if self.route == "des" and self.model.level == "sample":
@@ -114,26 +110,20 @@ class OwnerComputeHead:
             p = self.model.to_level(full, batch.batch_size)
         if train:
             self._saved.update(received=received, send_back=s.tolist(), partial=partial,
-                               recv_back=recv_sizes[:, 1].tolist())
+                               recv_back=recv_header[:, 1].tolist())
         return self.model.combine(p)
 
     # -- owner side ----------------------------------------------------------------------
-    def _owner_partial(self, ints: torch.Tensor, recv_sizes: torch.Tensor,
-                       values: torch.Tensor | None, train: bool) -> torch.Tensor:
-        ids, segs, base = [], [], 0
-        for block, (n_j, s_j) in zip(ints.split(recv_sizes.sum(1).tolist()),
-                                     recv_sizes.tolist()):
-            ids.append(block[:n_j])
-            segs.append(base + torch.repeat_interleave(torch.arange(s_j), block[n_j:]))
-            base += s_j
-        ids_all = torch.cat(ids)
-        index = self.shard.lookup(ids_all)
-        rows = self.shard.rows[index]
+    def _owner_partial(self, got: Received, values: torch.Tensor | None,
+                       train: bool) -> torch.Tensor:
+        index = self.shard.lookup(got.ids)
+        rows = self.shard.rows[index]  # each distinct id once; entries gather from here
         with torch.set_grad_enabled(train):
             rows.requires_grad_(train)
-            partial = self.model.partial(rows, values, torch.cat(segs), base)
+            partial = self.model.partial(rows[got.entry_row], values, got.entry_segment,
+                                         got.num_segments)
         if train:
-            self._saved.update(rows=rows, index=index, ids=ids_all)
+            self._saved.update(rows=rows, index=index, ids=got.ids)
         return partial
 
     # -- a training step ----------------------------------------------------------------

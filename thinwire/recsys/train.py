@@ -24,10 +24,10 @@ log = logging.getLogger(__name__)
 
 
 def load(dataset: str, samples: int = 200_000, fields: int = 16, vocab: int = 100_000,
-         multi_hot: float = 8.0, seed: int = 0) -> tuple[Dataset, Dataset]:
+         multi_hot: float = 8.0, seed: int = 0, zipf: float = 1.1) -> tuple[Dataset, Dataset]:
     """(train, test): 80/20, seeded."""
     if dataset == "synthetic":
-        data = synthetic(samples, fields, vocab, multi_hot, seed=seed)
+        data = synthetic(samples, fields, vocab, multi_hot, zipf=zipf, seed=seed)
     elif dataset in DATASETS:
         data = DATASETS[dataset]()
     else:
@@ -73,19 +73,23 @@ def train_method(model_name: str, method_name: str, train: Dataset, test: Datase
             if args.max_steps and steps >= args.max_steps:
                 break
     sent = method.counter.total / max(steps, 1)
+    # what the paper counts: model values only (rows or partials, their gradients, dense
+    # gradients), without the ids and input values that tell owners what to look up
+    payload = (method.counter.total - method.counter.bytes.get("ids", 0.0)) / max(steps, 1)
     scores = _scores(method.predict, test, comm.rank, comm.world, args.batch // comm.world)
     if comm.world > 1:
-        stats = torch.tensor([sent, elapsed], dtype=torch.float64)
+        stats = torch.tensor([sent, elapsed, payload], dtype=torch.float64)
         gathered = [torch.zeros_like(stats) for _ in range(comm.world)]
         dist.all_gather(gathered, stats)
         sent = float(sum(g[0] for g in gathered)) / comm.world
         elapsed = float(max(g[1] for g in gathered))
+        payload = float(sum(g[2] for g in gathered)) / comm.world
         parts = [None] * comm.world
         dist.all_gather_object(parts, scores)
         scores = np.concatenate(parts)
     labels = test.labels[np.concatenate(np.array_split(np.arange(len(test)), comm.world))]
     return {"model": model_name, "method": method_name, "steps": steps,
-            "bytes_per_iter": sent, "bytes_by_kind": dict(method.counter.bytes),
+            "bytes_per_iter": sent, "payload_bytes_per_iter": payload, "bytes_by_kind": dict(method.counter.bytes),
             "samples_per_s": steps * args.batch / elapsed if elapsed else float("nan"),
             "train_loss": loss_sum / max(steps, 1), "auc": roc_auc(labels, scores)}
 
@@ -135,6 +139,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab", type=int, default=100_000, help="synthetic: ids per field")
     parser.add_argument("--multi-hot", type=float, default=8.0,
                         help="synthetic: mean ids per field")
+    parser.add_argument("--zipf", type=float, default=1.1,
+                        help="synthetic: Zipf exponent of the ids (> 1; closer to 1, fewer repeats)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -151,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s rank{comm.rank} %(levelname)s: %(message)s")
     train, test = load(args.dataset, args.samples, args.fields, args.vocab, args.multi_hot,
-                       args.seed)
+                       args.seed, args.zipf)
     rows = []
     for model_name in args.models:
         for method_name in args.methods:
