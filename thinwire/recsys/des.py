@@ -144,7 +144,8 @@ class OwnerComputeHead:
         if row_grad is None:
             row_grad = torch.zeros_like(saved["rows"])
         self.last_row_grad = (saved["ids"], row_grad)
-        self.sparse_opt.step_shard(self.shard, saved["index"], row_grad)
+        # the owner looked each distinct id up once, so no row repeats
+        self.sparse_opt.step_shard(self.shard, saved["index"], row_grad, distinct=True)
         self.comm.allreduce_grads(self.model.dense, "dense")
         self.dense_opt.step()
         return logits.detach(), float(loss.detach())

@@ -163,13 +163,17 @@ class SparseOptimizer:
         self.kind, self.lr, self.eps = kind, lr, eps
 
     def step(self, rows: torch.Tensor, state: dict, index: torch.Tensor,
-             grad: torch.Tensor) -> None:
-        """In place on ``rows``: rows[index] -= update(sum of grad per index)."""
+             grad: torch.Tensor, distinct: bool = False) -> None:
+        """In place on ``rows``: rows[index] -= update(sum of grad per index). ``distinct``:
+        the caller guarantees no index repeats (skips summing duplicates)."""
         if index.numel() == 0:
             return
-        unique, inverse = torch.unique(index, return_inverse=True)
-        summed = torch.zeros(len(unique), rows.shape[1], dtype=rows.dtype)
-        summed.index_add_(0, inverse, grad.to(rows.dtype))
+        if distinct:
+            unique, summed = index, grad.to(rows.dtype)
+        else:
+            unique, inverse = torch.unique(index, return_inverse=True)
+            summed = torch.zeros(len(unique), rows.shape[1], dtype=rows.dtype)
+            summed.index_add_(0, inverse, grad.to(rows.dtype))
         if self.kind == "sgd":
             rows.index_add_(0, unique, -self.lr * summed)
             return
@@ -179,5 +183,6 @@ class SparseOptimizer:
         acc.index_add_(0, unique, summed * summed)
         rows.index_add_(0, unique, -self.lr * summed / (acc[unique].sqrt() + self.eps))
 
-    def step_shard(self, shard: EmbeddingShard, index: torch.Tensor, grad: torch.Tensor) -> None:
-        self.step(shard.rows, shard.optimizer_state, index, grad)
+    def step_shard(self, shard: EmbeddingShard, index: torch.Tensor, grad: torch.Tensor,
+                   distinct: bool = False) -> None:
+        self.step(shard.rows, shard.optimizer_state, index, grad, distinct)
