@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import os
+import statistics
 import sys
 import tempfile
 
@@ -28,24 +29,40 @@ COLUMNS = ("dataset", "model", "method", "bytes_per_iter", "comm_reduction_vs_ps
            "payload_reduction_vs_ps", "samples_per_s", "speedup_vs_ps", "auc", "auc_single_process")
 
 
-def run(spec, datasets=("movielens", "synthetic"), models=("lr", "fm", "wide_deep", "deepfm"),
-        methods=("des", "ps", "torchrec_tw", "torchrec_rw"), extra: list[str] | None = None,
-        single_process: bool = True, timeout_s: float = 3000, synthetic_steps: int = 30) -> dict:
+def _launch(spec, dataset, models, methods, extra, timeout_s, synthetic_steps) -> dict:
+    """One cluster run of `thinwire.recsys.train` over every (model, method): its rows."""
     from thinwire.cluster import run as run_on_cluster
 
+    with tempfile.TemporaryDirectory(prefix="thinwire-bench-des-") as tmp:
+        out = os.path.join(tmp, "rows.json")
+        command = ["-m", "thinwire.recsys.train", "--out", out, "--dataset", dataset,
+                   "--models", *models, "--methods", *methods, *(extra or [])]
+        if dataset == "synthetic":  # the real data sets run whole epochs
+            command += ["--max-steps", str(synthetic_steps)]
+        status = run_on_cluster(spec, command, timeout_s=timeout_s, output=sys.stderr)
+        if status != 0:
+            raise RuntimeError(f"the benchmark ranks failed with exit status {status}")
+        with open(out) as handle:
+            return json.load(handle)
+
+
+def run(spec, datasets=("movielens", "synthetic"), models=("lr", "fm", "wide_deep", "deepfm"),
+        methods=("des", "ps", "torchrec_tw", "torchrec_rw"), extra: list[str] | None = None,
+        single_process: bool = True, timeout_s: float = 3000, synthetic_steps: int = 30,
+        repeats: int = 1) -> dict:
+    """`repeats` launches per data set: bytes and AUC are the same every time (same batches,
+    same model), samples/s is the median over the launches (`samples_per_s_runs` has all)."""
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     rows = []
     for dataset in datasets:
-        with tempfile.TemporaryDirectory(prefix="thinwire-bench-des-") as tmp:
-            out = os.path.join(tmp, "rows.json")
-            command = ["-m", "thinwire.recsys.train", "--out", out, "--dataset", dataset,
-                       "--models", *models, "--methods", *methods, *(extra or [])]
-            if dataset == "synthetic":  # the real data sets run whole epochs
-                command += ["--max-steps", str(synthetic_steps)]
-            status = run_on_cluster(spec, command, timeout_s=timeout_s, output=sys.stderr)
-            if status != 0:
-                raise RuntimeError(f"the benchmark ranks failed with exit status {status}")
-            with open(out) as handle:
-                result = json.load(handle)
+        runs = [_launch(spec, dataset, models, methods, extra, timeout_s, synthetic_steps)
+                for _ in range(repeats)]
+        result = runs[0]
+        for i, row in enumerate(result["rows"]):
+            speeds = [r["rows"][i]["samples_per_s"] for r in runs]
+            row["samples_per_s_runs"] = speeds
+            row["samples_per_s"] = statistics.median(speeds)
         single = {}
         if single_process and dataset != "synthetic":
             from thinwire.recsys import train as recsys_train
@@ -71,7 +88,7 @@ def run(spec, datasets=("movielens", "synthetic"), models=("lr", "fm", "wide_dee
             "setting": {"nodes": spec.nodes, "ranks_per_node": spec.ranks_per_node,
                         "inter_node_bandwidth": spec.inter_node_bandwidth,
                         "shaping": spec.shaping, "datasets": list(datasets),
-                        "synthetic_steps": synthetic_steps,
+                        "synthetic_steps": synthetic_steps, "repeats": repeats,
                         "extra": extra or []}}
 
 
@@ -92,7 +109,7 @@ def _main(args: argparse.Namespace) -> int:
              "--multi-hot", str(args.multi_hot), "--vocab", str(args.vocab),
              "--zipf", str(args.zipf)]
     result = run(spec, args.datasets, args.models, args.methods, extra,
-                 synthetic_steps=args.max_steps)
+                 synthetic_steps=args.max_steps, repeats=args.repeats)
     print(format_table(result["rows"], COLUMNS))
     save_if_asked(args.json, result)
     return 0
@@ -120,5 +137,7 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--zipf", type=float, default=1.1, help="synthetic Zipf exponent")
     parser.add_argument("--max-steps", type=int, default=30,
                         help="steps per (model, method) on the synthetic set (0: whole epochs)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="launches per data set; samples/s is their median")
     parser.add_argument("--json", metavar="PATH")
     parser.set_defaults(func=_main)

@@ -20,15 +20,16 @@ def _main(args: argparse.Namespace) -> int:
     from thinwire.bench.report import format_table, write_json_atomic
     from thinwire.recsys import train as recsys_train
 
-    columns = ("model", "method", "steps", "bytes_per_iter", "samples_per_s", "auc")
+    columns = ("model", "method", "steps", "bytes_per_iter", "payload_bytes_per_iter",
+               "samples_per_s", "auc")
     passthrough = []
     for name in ("dataset", "epochs", "max_steps", "batch", "k", "optimizer", "lr", "seed",
-                 "samples", "fields", "vocab", "multi_hot"):
+                 "samples", "fields", "vocab", "multi_hot", "zipf"):
         passthrough += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     passthrough += ["--hidden", *map(str, args.hidden)]
     if args.single_process:
         data = recsys_train.load(args.dataset, args.samples, args.fields, args.vocab,
-                                 args.multi_hot, args.seed)
+                                 args.multi_hot, args.seed, args.zipf)
         rows = [recsys_train.train_single(m, *data, args) for m in args.models]
     else:
         from thinwire.cluster import ClusterSpec, missing_requirements, run as run_on_cluster
