@@ -34,11 +34,14 @@ def register(ddp_model: DistributedDataParallel, algorithm: str = "hitopk",
              wire: Optional[str] = None, error_feedback: bool = True,
              dense_below_bytes: Optional[int] = None, dense_iterations: int = 0,
              state: Optional[SyncState] = None, topology: Optional[Topology] = None,
-             selector_options: Optional[dict] = None) -> SyncState:
+             selector_options: Optional[dict] = None,
+             momentum_correction: float = 0.0) -> SyncState:
     """Register a thinwire algorithm on ``ddp_model``; returns its state (checkpoint it).
 
     Pass ``state`` (a SyncState restored from a checkpoint) to continue with its residuals.
-    Collective: every rank calls it.
+    ``momentum_correction=m`` (sparse algorithms): DGC's momentum correction in the hook; the
+    optimizer must then run *without* momentum (see thinwire.feedback). Collective: every rank
+    calls it.
     """
     if not isinstance(ddp_model, DistributedDataParallel):
         raise TypeError(f"ddp_model must be a torch.nn.parallel.DistributedDataParallel, got "
@@ -52,7 +55,7 @@ def register(ddp_model: DistributedDataParallel, algorithm: str = "hitopk",
     if state is None:
         options = {} if dense_below_bytes is None else {"dense_below_bytes": dense_below_bytes}
         state = SyncState(topology, algorithm, density, selector, selector_options, wire,
-                          error_feedback, **options)
+                          error_feedback, momentum_correction=momentum_correction, **options)
     else:
         state.attach(topology)
     state.dense_iterations = dense_iterations
@@ -99,7 +102,9 @@ class _Layout:
 def _reduce_bucket(state: SyncState, index: int, buffer: torch.Tensor, layout: _Layout,
                    is_last: bool) -> torch.Tensor:
     if state.steps < getattr(state, "dense_iterations", 0):
-        result = allreduce.reduce(state, index, buffer)
+        state.feedback.layout = layout.signature  # velocities live in canonical order
+        average = layout.to_canonical(allreduce.reduce(state, index, buffer))
+        result = layout.from_canonical(state.feedback.dense_momentum(index, average))
     elif state.feedback.enabled:
         state.feedback.layout = layout.signature
         result = layout.from_canonical(state.reduce(index, layout.to_canonical(buffer)))

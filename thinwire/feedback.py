@@ -5,6 +5,13 @@ input before selection. Residuals are keyed by bucket index, with the bucket's l
 parameters it holds): a residual whose bucket changed length or layout starts again at zero
 (DDP rebuilds its buckets after the first iteration). They are part of the checkpoint:
 :meth:`state_dict` holds plain tensors.
+
+``momentum > 0`` is DGC's momentum correction (Lin et al., 2018): momentum SGD on a sparsified
+gradient loses most of its momentum, because a coordinate held back for many steps re-enters
+with the plain sum of its gradients. Instead each bucket keeps a velocity ``u = m u + g`` and the
+residual accumulates ``u`` (what is selected is ``residual + u``); the entries that were sent are
+zeroed in both (DGC's factor masking, so a sent coordinate's old momentum does not keep pushing).
+The optimizer then runs without momentum: the momentum is already in what was sent.
 """
 
 from __future__ import annotations
@@ -16,25 +23,50 @@ import torch
 log = logging.getLogger(__name__)
 
 
+def check_momentum(momentum: float) -> float:
+    if not (isinstance(momentum, (int, float)) and 0 <= momentum < 1):
+        raise ValueError(f"momentum_correction must be a number in [0, 1), got {momentum!r}")
+    return float(momentum)
+
+
 class ErrorFeedback:
-    def __init__(self, enabled: bool = True):
+    def __init__(self, enabled: bool = True, momentum: float = 0.0):
         self.enabled = bool(enabled)
+        self.momentum = check_momentum(momentum)
         self.residuals: dict[int, torch.Tensor] = {}
+        self.velocities: dict[int, torch.Tensor] = {}
         self.layouts: dict[int, tuple] = {}
         self.layout: tuple | None = None  # the current bucket's layout, set by the caller
 
+    def _stored(self, store: dict, bucket_index: int, like: torch.Tensor, what: str):
+        """The bucket's stored tensor, or None where the bucket changed since it was kept."""
+        kept = store.get(bucket_index)
+        if kept is not None and (kept.shape != like.shape or kept.dtype != like.dtype
+                                 or self.layouts.get(bucket_index) != self.layout):
+            log.info("bucket %d changed (%s -> %s elements, layout %s -> %s): its %s "
+                     "starts again at zero", bucket_index, kept.numel(), like.numel(),
+                     self.layouts.get(bucket_index), self.layout, what)
+            return None
+        return kept
+
+    def _velocity(self, bucket_index: int, grad: torch.Tensor) -> torch.Tensor:
+        """u = m u + grad for this bucket (stored), returned as the stored tensor."""
+        velocity = self._stored(self.velocities, bucket_index, grad, "velocity")
+        if velocity is None:
+            velocity = grad.clone()
+        else:
+            velocity = velocity.to(grad.device).mul_(self.momentum).add_(grad)
+        self.velocities[bucket_index] = velocity
+        return velocity
+
     def add_residual(self, bucket_index: int, corrected: torch.Tensor) -> torch.Tensor:
-        """``corrected = input + residual`` in place (input must be this rank's own copy)."""
+        """``corrected = input + residual`` in place (input must be this rank's own copy);
+        with momentum correction ``corrected = velocity + residual``."""
         if not self.enabled:
             return corrected
-        residual = self.residuals.get(bucket_index)
-        if residual is not None and (residual.shape != corrected.shape
-                                     or residual.dtype != corrected.dtype
-                                     or self.layouts.get(bucket_index) != self.layout):
-            log.info("bucket %d changed (%s -> %s elements, layout %s -> %s): its residual "
-                     "starts again at zero", bucket_index, residual.numel(), corrected.numel(),
-                     self.layouts.get(bucket_index), self.layout)
-            residual = None
+        if self.momentum:
+            corrected.copy_(self._velocity(bucket_index, corrected))
+        residual = self._stored(self.residuals, bucket_index, corrected, "residual")
         if residual is not None:
             corrected.add_(residual.to(corrected.device))
         return corrected
@@ -45,21 +77,36 @@ class ErrorFeedback:
             return
         corrected[sent] = 0
         self.residuals[bucket_index] = corrected
+        if self.momentum:
+            self.velocities[bucket_index][sent] = 0
         self.layouts[bucket_index] = self.layout
+
+    def dense_momentum(self, bucket_index: int, average: torch.Tensor) -> torch.Tensor:
+        """A bucket that went dense (small, or a dense warm-up step) still gets its momentum
+        here when the optimizer's has moved into the hook: returns ``u = m u + average``."""
+        if not (self.enabled and self.momentum):
+            return average
+        velocity = self._velocity(bucket_index, average)
+        self.layouts[bucket_index] = self.layout
+        return velocity.clone()
 
     def reset(self) -> None:
         self.residuals.clear()
+        self.velocities.clear()
         self.layouts.clear()
 
     def state_dict(self) -> dict:
-        return {"enabled": self.enabled,
+        return {"enabled": self.enabled, "momentum": self.momentum,
                 "residuals": {i: r.detach().cpu().clone() for i, r in self.residuals.items()},
+                "velocities": {i: v.detach().cpu().clone() for i, v in self.velocities.items()},
                 "layouts": {i: list(v) if v is not None else None
                             for i, v in self.layouts.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         """Residuals load where they were saved from (the CPU); the first step moves them."""
         self.enabled = bool(state["enabled"])
+        self.momentum = check_momentum(state.get("momentum", 0.0))
         self.residuals = {int(i): r.clone() for i, r in state["residuals"].items()}
+        self.velocities = {int(i): v.clone() for i, v in state.get("velocities", {}).items()}
         self.layouts = {int(i): tuple(v) if v is not None else None
                         for i, v in state.get("layouts", {}).items()}

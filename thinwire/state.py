@@ -25,7 +25,8 @@ class SyncState:
     def __init__(self, topology, algorithm: str = "hitopk", density: float = 0.01,
                  selector: str = "mstopk", selector_options: dict | None = None,
                  wire: str | None = None, error_feedback: bool = True,
-                 dense_below_bytes: int = DEFAULT_DENSE_BELOW_BYTES):
+                 dense_below_bytes: int = DEFAULT_DENSE_BELOW_BYTES,
+                 momentum_correction: float = 0.0):
         if algorithm not in ALGORITHMS:
             raise ValueError(
                 f"algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
@@ -36,7 +37,12 @@ class SyncState:
         self.wire = wire
         self.wire_dtype = wire_dtype(wire)
         self.dense_below_bytes = dense_below_bytes
-        self.feedback = ErrorFeedback(error_feedback and algorithm in SPARSE_ALGORITHMS)
+        if momentum_correction and (algorithm not in SPARSE_ALGORITHMS or not error_feedback):
+            raise ValueError(f"momentum_correction needs a sparse algorithm with error feedback "
+                             f"({', '.join(SPARSE_ALGORITHMS)}), got algorithm={algorithm!r}, "
+                             f"error_feedback={error_feedback!r}")
+        self.feedback = ErrorFeedback(error_feedback and algorithm in SPARSE_ALGORITHMS,
+                                      momentum_correction)
         self.topology = topology
         self.steps = 0
         self.last_step: dict = {}

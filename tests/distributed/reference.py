@@ -26,10 +26,25 @@ def _sparsify(c: torch.Tensor, density: float):
 class Reference:
     """Runs one algorithm over steps on all ranks' gradients at once."""
 
-    def __init__(self, algorithm: str, nodes: int, ranks_per_node: int, density: float):
+    def __init__(self, algorithm: str, nodes: int, ranks_per_node: int, density: float,
+                 momentum: float = 0.0):
         self.algorithm, self.m, self.n, self.density = algorithm, nodes, ranks_per_node, density
         self.world = nodes * ranks_per_node
         self.residuals: dict = {}
+        self.momentum, self.velocities = momentum, {}
+
+    def _feedback(self, key, g: torch.Tensor) -> torch.Tensor:
+        """Error feedback on one selector's input; with momentum, DGC's momentum correction
+        (velocity u = m u + g accumulated into the residual, both masked where sent)."""
+        if self.momentum:
+            u = self.momentum * self.velocities.get(key, torch.zeros_like(g)) + g
+            c = u + self.residuals.get(key, 0)
+            sent, self.residuals[key] = _sparsify(c, self.density)
+            self.velocities[key] = torch.where(sent != 0, torch.zeros_like(u), u)
+            return sent
+        c = g + self.residuals.get(key, 0)
+        sent, self.residuals[key] = _sparsify(c, self.density)
+        return sent
 
     def step(self, grads: list[torch.Tensor]) -> torch.Tensor:
         if self.algorithm in ("allreduce", "hier_allreduce"):
@@ -37,9 +52,7 @@ class Reference:
         if self.algorithm == "topk_allgather":
             total = torch.zeros_like(grads[0])
             for rank, g in enumerate(grads):
-                c = g + self.residuals.get(rank, 0)
-                sent, self.residuals[rank] = _sparsify(c, self.density)
-                total += sent
+                total += self._feedback(rank, g)
             return total / self.world
         if self.algorithm == "hitopk":
             d = grads[0].numel()
@@ -49,9 +62,7 @@ class Reference:
                 node_sum = torch.zeros(self.n * s, dtype=torch.float64)
                 node_sum[:d] = sum(grads[node * self.n + j] for j in range(self.n))
                 for j in range(self.n):
-                    c = node_sum[j * s:(j + 1) * s] + self.residuals.get((node, j), 0)
-                    sent, self.residuals[(node, j)] = _sparsify(c, self.density)
-                    shards[j] += sent
+                    shards[j] += self._feedback((node, j), node_sum[j * s:(j + 1) * s])
             return (shards.reshape(-1)[:d]) / self.world
         raise AssertionError(self.algorithm)
 

@@ -15,10 +15,12 @@ LENGTHS = [1001, 3000]  # one bucket each; 1001 does not divide evenly into shar
 STEPS = 3
 DENSITY = 0.05
 ALGORITHMS = ["allreduce", "hier_allreduce", "topk_allgather", "hitopk"]
+SPARSE = ["topk_allgather", "hitopk"]
+MOMENTUM = 0.9
 
 
-def _expected(algorithm, nodes, n, density):
-    refs = [Reference(algorithm, nodes, n, density) for _ in LENGTHS]
+def _expected(algorithm, nodes, n, density, momentum=0.0):
+    refs = [Reference(algorithm, nodes, n, density, momentum) for _ in LENGTHS]
     world = nodes * n
     per_step = []
     for step in range(STEPS):
@@ -32,7 +34,26 @@ def shape_runs(request):
     """Every algorithm on one launch of nodes x ranks (launching ranks is the slow part)."""
     nodes, n = request.param
     configs = [(a, a, DENSITY, None) for a in ALGORITHMS]
+    configs += [(f"{a}+momentum", a, DENSITY, None, MOMENTUM) for a in SPARSE]
     return nodes, n, run_ranks(workers.sync_many, nodes * n, n, configs, LENGTHS, STEPS)
+
+
+@pytest.mark.parametrize("algorithm", SPARSE)
+def test_momentum_correction_matches_the_reference(shape_runs, algorithm):
+    """DGC momentum correction: velocities accumulate into the residual, both masked where
+    sent; every rank holds the float64 reference's average of the selections."""
+    nodes, n, runs = shape_runs
+    expected, refs = _expected(algorithm, nodes, n, DENSITY, MOMENTUM)
+    plain, _ = _expected(algorithm, nodes, n, DENSITY)
+    for by_name in runs:
+        result = by_name[f"{algorithm}+momentum"]
+        for step in range(STEPS):
+            for got, want in zip(result["grads"][step], expected[step]):
+                torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    # from the second step on, momentum changes what is selected and sent
+    assert not torch.allclose(expected[STEPS - 1][0], plain[STEPS - 1][0])
+    velocities = runs[0][f"{algorithm}+momentum"]["feedback"]["velocities"]
+    assert velocities and all(v.abs().sum() > 0 for v in velocities.values())
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +154,14 @@ def test_hooks_give_ddps_own_gradients():
                 for a, b in zip(got, want):
                     torch.testing.assert_close(a, b, rtol=0, atol=1e-12,
                                                msg=f"{name} step {step}")
+
+
+def test_momentum_moved_into_the_hook_equals_momentum_sgd_on_dense_steps():
+    """With every step dense (warm-up), u = m u + average in the hook and SGD without momentum
+    is exactly momentum SGD: the velocities are kept per bucket, in canonical order."""
+    for result in run_ranks(workers.momentum_in_hook, 4, 2):
+        for got, want in zip(result["hook"], result["optimizer"]):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("wire,tol", [("fp16", 2e-3), ("bf16", 2e-2)])

@@ -16,10 +16,12 @@ from thinwire.topology import Topology
 from reference import gradient
 
 
-def sync_steps(rank, world, ranks_per_node, algorithm, density, lengths, steps, wire=None):
+def sync_steps(rank, world, ranks_per_node, algorithm, density, lengths, steps, wire=None,
+               momentum=0.0):
     """synchronize() on float64 parameters, one bucket per parameter, for several steps."""
     topo = Topology.build(ranks_per_node)
-    state = SyncState(topo, algorithm, density, selector="exact", wire=wire, dense_below_bytes=0)
+    state = SyncState(topo, algorithm, density, selector="exact", wire=wire, dense_below_bytes=0,
+                      momentum_correction=momentum)
     params = [nn.Parameter(torch.zeros(n, dtype=torch.float64)) for n in lengths]
     out = []
     for step in range(steps):
@@ -33,9 +35,11 @@ def sync_steps(rank, world, ranks_per_node, algorithm, density, lengths, steps, 
 
 
 def sync_many(rank, world, ranks_per_node, configs, lengths, steps):
-    """sync_steps for several (name, algorithm, density, wire) configurations in one launch."""
-    return {name: sync_steps(rank, world, ranks_per_node, algorithm, density, lengths, steps, wire)
-            for name, algorithm, density, wire in configs}
+    """sync_steps for several (name, algorithm, density, wire[, momentum]) configurations in one
+    launch."""
+    return {name: sync_steps(rank, world, ranks_per_node, algorithm, density, lengths, steps, wire,
+                             *rest)
+            for name, algorithm, density, wire, *rest in configs}
 
 
 def _model(seed=0):
@@ -69,6 +73,22 @@ def ddp_equivalence(rank, world, ranks_per_node, variants):
         if kwargs is not None:
             thinwire.ddp.register(ddp, ranks_per_node=ranks_per_node, selector="exact", **kwargs)
         out[name] = _train(ddp, 3)[0]
+    return out
+
+
+def momentum_in_hook(rank, world, ranks_per_node):
+    """Momentum SGD (DDP's default hook) against momentum applied in thinwire's hook (dense
+    warm-up steps and small dense buckets) with a momentum-free SGD: final parameters."""
+    out = {}
+    for name in ("optimizer", "hook"):
+        ddp = DDP(_model(), bucket_cap_mb=0.01)
+        if name == "hook":
+            thinwire.ddp.register(ddp, algorithm="hitopk", density=0.01, selector="exact",
+                                  ranks_per_node=ranks_per_node, dense_iterations=100,
+                                  momentum_correction=0.9)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9 if name == "optimizer" else 0)
+        _train(ddp, 4, opt=opt)
+        out[name] = [p.detach().clone() for p in ddp.parameters()]
     return out
 
 

@@ -91,3 +91,36 @@ def test_buckets_follow_ddp_reverse_order_and_split_by_size_and_dtype():
     groups = buckets(params, bucket_bytes=80)
     assert [[p.numel() for p in g] for g in groups] == [[30], [10], [10, 10]]
     assert groups[1][0].dtype == torch.float64
+
+
+def test_momentum_correction_velocity_masking_and_state_dict():
+    """DGC: u = m u + g; selected = residual + u; both zeroed where sent; survives state_dict."""
+    from thinwire.feedback import ErrorFeedback
+
+    fb = ErrorFeedback(True, momentum=0.5)
+    g1, g2 = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, 1.0, 1.0])
+    c = fb.add_residual(0, g1.clone())
+    assert torch.equal(c, g1)  # first step: u = g, no residual
+    fb.keep(0, c, torch.tensor([2]))  # sent entry 2
+    assert torch.equal(fb.residuals[0], torch.tensor([1.0, 2.0, 0.0]))
+    assert torch.equal(fb.velocities[0], torch.tensor([1.0, 2.0, 0.0]))
+    c = fb.add_residual(0, g2.clone())
+    # u = 0.5 * [1, 2, 0] + 1 = [1.5, 2, 1]; plus residual [1, 2, 0]
+    assert torch.equal(c, torch.tensor([2.5, 4.0, 1.0]))
+    fb.keep(0, c, torch.tensor([1]))
+    restored = ErrorFeedback()
+    restored.load_state_dict(fb.state_dict())
+    assert restored.momentum == 0.5
+    assert torch.equal(restored.velocities[0], torch.tensor([1.5, 0.0, 1.0]))
+    assert torch.equal(restored.residuals[0], torch.tensor([2.5, 0.0, 1.0]))
+
+
+@pytest.mark.parametrize("momentum", [-0.1, 1.0, "0.9"])
+def test_momentum_correction_out_of_range(momentum):
+    with pytest.raises(ValueError, match="momentum_correction must be a number in \\[0, 1\\)"):
+        SyncState(None, "hitopk", momentum_correction=momentum)
+
+
+def test_momentum_correction_needs_a_sparse_algorithm():
+    with pytest.raises(ValueError, match="momentum_correction needs a sparse algorithm"):
+        SyncState(None, "allreduce", momentum_correction=0.9)

@@ -19,6 +19,11 @@ from thinwire.train.config import TrainConfig
     ({"powersgd_rank": 0}, ["--powersgd-rank", "0"]),
     ({"epochs": 0}, ["--epochs", "0"]),
     ({"stop_after": 3}, ["--stop-after", "--checkpoint"]),
+    ({"momentum_correction": True, "algorithm": "ddp"},
+     ["--momentum-correction", "--algorithm ddp", "hitopk", "topk_allgather"]),
+    ({"momentum_correction": True, "optimizer": "lars"},
+     ["--momentum-correction", "--optimizer lars", "sgd"]),
+    ({"dense_warmup_steps": -1}, ["--dense-warmup-steps", "-1"]),
 ])
 def test_train_config_errors_name_parameter_value_and_allowed(changes, words):
     with pytest.raises(ValueError) as info:

@@ -17,7 +17,8 @@ from thinwire.compress import to_wire
 
 def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     if flat.numel() * flat.element_size() < state.dense_below_bytes:
-        return allreduce.reduce(state, bucket_index, flat)
+        return state.feedback.dense_momentum(bucket_index,
+                                             allreduce.reduce(state, bucket_index, flat))
     topo = state.topology
     n = topo.ranks_per_node
     full = padded(to_wire(flat, state.wire_dtype), n)

@@ -16,7 +16,7 @@ import torch
 
 # Resuming with another value of any of these would silently train something else.
 IDENTITY = ("model", "algorithm", "density", "selector", "powersgd_rank", "optimizer",
-            "batch_size", "seed")
+            "batch_size", "seed", "momentum_correction")
 SPARSE = ("topk_allgather", "hitopk")
 
 
@@ -27,7 +27,7 @@ def rank_file(directory: str | os.PathLike, rank: int) -> Path:
 def identity(config) -> dict:
     out = {name: getattr(config, name) for name in IDENTITY}
     if config.algorithm not in SPARSE:  # density and selector do not matter to dense ones
-        out.pop("density"), out.pop("selector")
+        out.pop("density"), out.pop("selector"), out.pop("momentum_correction")
     if config.algorithm != "powersgd":
         out.pop("powersgd_rank")
     return out

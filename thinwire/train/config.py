@@ -27,6 +27,8 @@ class TrainConfig:
     optimizer: str = "sgd"
     lr: float | None = None          # None: the model's default (models.MODELS)
     momentum: float = 0.9
+    momentum_correction: bool = False  # sparse algorithms + sgd: momentum moves into the hook
+    dense_warmup_steps: int = 0      # sparse algorithms: the first N steps all-reduce densely
     weight_decay: float = 5e-4
     warmup_steps: int | None = None  # None: 5% of the run
     epochs: int = 1
@@ -71,6 +73,16 @@ class TrainConfig:
         _integer("--log-every", self.log_every, 1)
         if self.warmup_steps is not None:
             _integer("--warmup-steps", self.warmup_steps, 0)
+        _integer("--dense-warmup-steps", self.dense_warmup_steps, 0)
+        if self.momentum_correction:
+            if self.algorithm not in hooks.SPARSE_ALGORITHMS or self.optimizer != "sgd":
+                raise ValueError(
+                    f"--momentum-correction needs --optimizer sgd and a sparse algorithm "
+                    f"({', '.join(hooks.SPARSE_ALGORITHMS)}), got --optimizer {self.optimizer} "
+                    f"--algorithm {self.algorithm}")
+            if not self.momentum < 1:
+                raise ValueError(f"--momentum must be < 1 with --momentum-correction, got "
+                                 f"{self.momentum!r}")
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise ValueError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy!r}")
         if self.checkpoint_every and not self.checkpoint:
@@ -112,6 +124,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--lr", type=float, default=None,
       help="peak learning rate (default: the model's for sgd, 2.0 for lars)")
     a("--momentum", type=float, default=d.momentum)
+    a("--dense-warmup-steps", type=int, default=d.dense_warmup_steps,
+      help="sparse algorithms: all-reduce the first N steps densely (residuals start later)")
+    a("--momentum-correction", action="store_true",
+      help="sparse algorithms: DGC momentum correction (the momentum is applied before top-k, "
+           "in the hook, and the optimizer runs without it)")
     a("--weight-decay", type=float, default=d.weight_decay)
     a("--warmup-steps", type=int, default=None, help="linear warm-up (default 5%% of the run)")
     a("--epochs", type=int, default=d.epochs)

@@ -22,6 +22,7 @@ import thinwire.ddp
 from thinwire import topk
 
 THINWIRE_ALGORITHMS = ("allreduce", "hier_allreduce", "topk_allgather", "hitopk")
+SPARSE_ALGORITHMS = ("topk_allgather", "hitopk")
 TORCH_ALGORITHMS = ("ddp", "ddp-fp16", "powersgd")
 ALGORITHMS = THINWIRE_ALGORITHMS + TORCH_ALGORITHMS
 SELECTORS = ("mstopk", "exact", "sampled")
@@ -92,13 +93,16 @@ _POWERSGD_SLOTS = ("iter", "error_dict", "p_memory_dict", "q_memory_dict", "rng"
 
 def register(model: DistributedDataParallel, algorithm: str, density: float = 0.01,
              selector: str = "mstopk", powersgd_rank: int = 4, seed: int = 0,
-             ranks_per_node: int | None = None) -> Sync:
+             ranks_per_node: int | None = None, momentum_correction: float = 0.0,
+             dense_warmup_steps: int = 0) -> Sync:
     """Register ``algorithm`` on ``model`` (collective: every rank calls it)."""
     check_algorithm(algorithm)
     if algorithm in THINWIRE_ALGORITHMS:
         state = thinwire.ddp.register(model, algorithm=algorithm, density=check_density(density),
                                       selector=check_selector(selector),
-                                      ranks_per_node=ranks_per_node)
+                                      ranks_per_node=ranks_per_node,
+                                      momentum_correction=momentum_correction,
+                                      dense_iterations=dense_warmup_steps)
         return Sync(algorithm, state)
     if algorithm == "ddp":
         return Sync(algorithm)
