@@ -35,13 +35,14 @@ def register(ddp_model: DistributedDataParallel, algorithm: str = "hitopk",
              dense_below_bytes: Optional[int] = None, dense_iterations: int = 0,
              state: Optional[SyncState] = None, topology: Optional[Topology] = None,
              selector_options: Optional[dict] = None,
-             momentum_correction: float = 0.0) -> SyncState:
+             momentum_correction: float = 0.0, weight_decay: float = 0.0) -> SyncState:
     """Register a thinwire algorithm on ``ddp_model``; returns its state (checkpoint it).
 
     Pass ``state`` (a SyncState restored from a checkpoint) to continue with its residuals.
     ``momentum_correction=m`` (sparse algorithms): DGC's momentum correction in the hook; the
-    optimizer must then run *without* momentum (see thinwire.feedback). Collective: every rank
-    calls it.
+    optimizer must then run *without* momentum (see thinwire.feedback). ``weight_decay=wd`` adds
+    ``wd * p`` to every gradient in the hook, before any momentum, as momentum SGD's weight decay
+    does; the optimizer's own weight decay must then be 0. Collective: every rank calls it.
     """
     if not isinstance(ddp_model, DistributedDataParallel):
         raise TypeError(f"ddp_model must be a torch.nn.parallel.DistributedDataParallel, got "
@@ -49,6 +50,8 @@ def register(ddp_model: DistributedDataParallel, algorithm: str = "hitopk",
     if getattr(ddp_model, "_thinwire_state", None) is not None:
         raise RuntimeError("a thinwire hook is already registered on this model; DDP allows one "
                            "communication hook per model")
+    if not (isinstance(weight_decay, (int, float)) and weight_decay >= 0):
+        raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
     if not isinstance(dense_iterations, int) or dense_iterations < 0:
         raise ValueError(f"dense_iterations must be an int >= 0, got {dense_iterations!r}")
     topology = topology or Topology.build(ranks_per_node)
@@ -59,6 +62,7 @@ def register(ddp_model: DistributedDataParallel, algorithm: str = "hitopk",
     else:
         state.attach(topology)
     state.dense_iterations = dense_iterations
+    state.weight_decay = float(weight_decay)
     state.param_index = {id(p): i for i, p in enumerate(ddp_model.module.parameters())}
     ddp_model.register_comm_hook(state, _hook)
     ddp_model._thinwire_state = state
@@ -119,12 +123,23 @@ def _reduce_bucket(state: SyncState, index: int, buffer: torch.Tensor, layout: _
 def _hook(state: SyncState, bucket) -> torch.futures.Future[torch.Tensor]:
     buffer, index, is_last = bucket.buffer(), bucket.index(), bucket.is_last()
     layout = _Layout(state, bucket)
+    if getattr(state, "weight_decay", 0.0):
+        _add_weight_decay(buffer, bucket.parameters(), state.weight_decay)
     future: torch.futures.Future = torch.futures.Future()
     if buffer.is_cuda:
         future.set_result(_reduce_bucket(state, index, buffer, layout, is_last))
         return future
     _worker(state).put((index, buffer, layout, is_last, future))
     return future
+
+
+def _add_weight_decay(buffer: torch.Tensor, params, weight_decay: float) -> None:
+    """buffer += wd * params (the bucket's flat gradient, parameters in the bucket's order)."""
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    if flat.numel() != buffer.numel():
+        raise RuntimeError(f"bucket of {buffer.numel()} gradient elements holds parameters of "
+                           f"{flat.numel()}: cannot add weight decay in the hook")
+    buffer.add_(flat.to(buffer.dtype), alpha=weight_decay)
 
 
 def _worker(state: SyncState) -> queue.Queue:

@@ -121,6 +121,10 @@ class SyncState:
         if mine != theirs:
             raise ValueError(f"checkpoint is for (algorithm, density, selector) = {theirs}, "
                              f"this state is {mine}")
+        theirs_m = state["feedback"].get("momentum", 0.0)
+        if self.feedback.momentum != theirs_m:
+            raise ValueError(f"checkpoint has momentum_correction={theirs_m}, this state has "
+                             f"{self.feedback.momentum}")
         self.steps = int(state["steps"])
         self.feedback.load_state_dict(state["feedback"])
 

@@ -157,8 +157,9 @@ def test_hooks_give_ddps_own_gradients():
 
 
 def test_momentum_moved_into_the_hook_equals_momentum_sgd_on_dense_steps():
-    """With every step dense (warm-up), u = m u + average in the hook and SGD without momentum
-    is exactly momentum SGD: the velocities are kept per bucket, in canonical order."""
+    """With every step dense (warm-up), u = m u + (average + wd p) in the hook and SGD without
+    momentum or weight decay is exactly momentum SGD with weight decay: the velocities are kept
+    per bucket, in canonical order."""
     for result in run_ranks(workers.momentum_in_hook, 4, 2):
         for got, want in zip(result["hook"], result["optimizer"]):
             torch.testing.assert_close(got, want, rtol=0, atol=1e-12)

@@ -77,16 +77,19 @@ def ddp_equivalence(rank, world, ranks_per_node, variants):
 
 
 def momentum_in_hook(rank, world, ranks_per_node):
-    """Momentum SGD (DDP's default hook) against momentum applied in thinwire's hook (dense
-    warm-up steps and small dense buckets) with a momentum-free SGD: final parameters."""
+    """Momentum SGD with weight decay (DDP's default hook) against momentum and weight decay
+    applied in thinwire's hook (dense warm-up steps) with a plain SGD: final parameters."""
     out = {}
+    wd = 0.01
     for name in ("optimizer", "hook"):
         ddp = DDP(_model(), bucket_cap_mb=0.01)
         if name == "hook":
             thinwire.ddp.register(ddp, algorithm="hitopk", density=0.01, selector="exact",
                                   ranks_per_node=ranks_per_node, dense_iterations=100,
-                                  momentum_correction=0.9)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9 if name == "optimizer" else 0)
+                                  momentum_correction=0.9, weight_decay=wd)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        else:
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9, weight_decay=wd)
         _train(ddp, 4, opt=opt)
         out[name] = [p.detach().clone() for p in ddp.parameters()]
     return out

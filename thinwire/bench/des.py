@@ -60,6 +60,15 @@ def run(spec, datasets=("movielens", "synthetic"), models=("lr", "fm", "wide_dee
                 for _ in range(repeats)]
         result = runs[0]
         for i, row in enumerate(result["rows"]):
+            same = [(r["rows"][i]["model"], r["rows"][i]["method"], r["rows"][i]["bytes_per_iter"])
+                    for r in runs]
+            if len(set(same)) != 1:
+                raise RuntimeError(f"launches disagree on {dataset} row {i} (model, method, "
+                                   f"bytes/step): {same}")
+            aucs = {r["rows"][i]["auc"] for r in runs}
+            if len(aucs) > 1:
+                log.warning("%s %s %s: AUC differs between launches: %s", dataset, row["model"],
+                            row["method"], sorted(aucs))
             speeds = [r["rows"][i]["samples_per_s"] for r in runs]
             row["samples_per_s_runs"] = speeds
             row["samples_per_s"] = statistics.median(speeds)

@@ -89,7 +89,7 @@ class OwnerComputeHead:
         key, count, dest, targets, lengths, s = self._plan(batch)
         order = torch.argsort(key, stable=True)
         stream, header = encode(batch.ids[order], dest[order], lengths, s, world,
-                                self.id_dtype, dedup=self.route == "des")
+                                self.id_dtype, dedup=self.route == "des", rank=self.comm.rank)
         recv_header = self.comm.counts(header, "ids")
         id_bytes = torch.empty((), dtype=self.id_dtype).element_size()
         ints = self.comm.alltoallv(stream, block_bytes(header, id_bytes).tolist(),

@@ -52,11 +52,13 @@ def from_bytes(block: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def encode(ids: torch.Tensor, dest: torch.Tensor, lengths: torch.Tensor, segments: torch.Tensor,
-           world: int, id_dtype: torch.dtype, dedup: bool) -> tuple[torch.Tensor, torch.Tensor]:
+           world: int, id_dtype: torch.dtype, dedup: bool,
+           rank: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The byte stream (owner blocks in rank order) and its header [world, 5] int64.
 
     ``ids``/``dest``: entries sorted by (owner, segment); ``lengths``: entries per touched
-    segment, in the same order; ``segments``: touched segments per owner."""
+    segment, in the same order; ``segments``: touched segments per owner. The block for
+    ``rank`` (this rank's own, which never crosses the network) is not deduplicated."""
     entries = torch.bincount(dest, minlength=world)
     id_bytes = torch.empty((), dtype=id_dtype).element_size()
     id_blocks = ids.split(entries.tolist())
@@ -65,7 +67,7 @@ def encode(ids: torch.Tensor, dest: torch.Tensor, lengths: torch.Tensor, segment
     for k in range(world):
         block_ids, n = id_blocks[k], int(entries[k])
         index_width, sent_ids = 0, block_ids
-        if dedup and n:
+        if dedup and n and k != rank:
             distinct, local = torch.unique(block_ids, return_inverse=True)
             width = int_width(len(distinct) - 1)
             # indices pay off only where ids repeat enough: else send every id

@@ -74,6 +74,14 @@ class TrainConfig:
         if self.warmup_steps is not None:
             _integer("--warmup-steps", self.warmup_steps, 0)
         _integer("--dense-warmup-steps", self.dense_warmup_steps, 0)
+        if self.dense_warmup_steps and self.algorithm not in hooks.SPARSE_ALGORITHMS:
+            raise ValueError(f"--dense-warmup-steps needs a sparse algorithm "
+                             f"({', '.join(hooks.SPARSE_ALGORITHMS)}), got --algorithm "
+                             f"{self.algorithm}")
+        if self.momentum_correction and self.amp == "fp16":
+            raise ValueError("--momentum-correction cannot be used with --amp fp16: the hook's "
+                             "velocities would hold loss-scaled (and, on overflow, inf) "
+                             "gradients; use --amp bf16 or none")
         if self.momentum_correction:
             if self.algorithm not in hooks.SPARSE_ALGORITHMS or self.optimizer != "sgd":
                 raise ValueError(

@@ -94,7 +94,7 @@ _POWERSGD_SLOTS = ("iter", "error_dict", "p_memory_dict", "q_memory_dict", "rng"
 def register(model: DistributedDataParallel, algorithm: str, density: float = 0.01,
              selector: str = "mstopk", powersgd_rank: int = 4, seed: int = 0,
              ranks_per_node: int | None = None, momentum_correction: float = 0.0,
-             dense_warmup_steps: int = 0) -> Sync:
+             dense_warmup_steps: int = 0, weight_decay_in_hook: float = 0.0) -> Sync:
     """Register ``algorithm`` on ``model`` (collective: every rank calls it)."""
     check_algorithm(algorithm)
     if algorithm in THINWIRE_ALGORITHMS:
@@ -102,7 +102,8 @@ def register(model: DistributedDataParallel, algorithm: str, density: float = 0.
                                       selector=check_selector(selector),
                                       ranks_per_node=ranks_per_node,
                                       momentum_correction=momentum_correction,
-                                      dense_iterations=dense_warmup_steps)
+                                      dense_iterations=dense_warmup_steps,
+                                      weight_decay=weight_decay_in_hook)
         return Sync(algorithm, state)
     if algorithm == "ddp":
         return Sync(algorithm)

@@ -83,10 +83,11 @@ def _optimizer(cfg: TrainConfig, model: torch.nn.Module, total_steps: int):
     if cfg.optimizer == "lars":
         opt = LARS(param_groups(model, cfg.weight_decay), lr=lr, momentum=cfg.momentum)
         return opt, warmup_poly(opt, total_steps, warmup)
-    # with momentum correction the hook sends momentum-corrected updates: no momentum here
+    # with momentum correction the hook adds the weight decay and the momentum before top-k
+    # (thinwire.feedback): the optimizer applies what was sent as it is
     opt = torch.optim.SGD(model.parameters(), lr=lr,
                           momentum=0.0 if cfg.momentum_correction else cfg.momentum,
-                          weight_decay=cfg.weight_decay)
+                          weight_decay=0.0 if cfg.momentum_correction else cfg.weight_decay)
     return opt, warmup_cosine(opt, total_steps, warmup)
 
 
@@ -175,7 +176,8 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
     sync = hooks.register(model, cfg.algorithm, cfg.density, cfg.selector, cfg.powersgd_rank,
                           cfg.seed, cfg.ranks_per_node,
                           cfg.momentum if cfg.momentum_correction else 0.0,
-                          cfg.dense_warmup_steps)
+                          cfg.dense_warmup_steps,
+                          cfg.weight_decay if cfg.momentum_correction else 0.0)
     opt, sched = _optimizer(cfg, module, total_steps)
     scaler = torch.amp.GradScaler("cuda") if cfg.amp == "fp16" else None
     metrics = Metrics(cfg, rank, world, total_steps)

@@ -22,10 +22,10 @@ Run on every rank (``thinwire.cluster.run(spec, ["-m", "thinwire.recsys.cpr.clus
 
   - ``partial``: survivors keep their rows; a survivor undoes the step it was in (and, if it had
     finished one step more than another survivor, that step too: two snapshots are kept) so that
-    all survivors stand at the same step T = the smallest step a survivor completed; the dense
-    model, its optimizer and T come from the lowest surviving rank (broadcast); the replacement
-    loads its shard's newest checkpoint (step C): the updates of its rows in steps C..T-1 are
-    lost (``lost_steps = T - C``), as in CPR.
+    all survivors stand at the same step T = the smallest step a survivor completed (known to
+    all from the all_gather); the dense model and its optimizer come from the lowest surviving
+    rank (broadcast); the replacement loads its shard's newest checkpoint not after T (step C):
+    the updates of its rows in steps C..T-1 are lost (``lost_steps = T - C``), as in CPR.
   - ``full``: every rank reloads its checkpoint of the newest step C that every rank has; the
     steps C..T-1 are redone (``lost_steps = T - C``, T the step the survivors had reached).
 
@@ -83,6 +83,8 @@ def supervise(argv: list[str], max_restarts: int, rank: int) -> int:
     restarts = 0
     while True:
         cmd = base + (["--recover"] if restarts else [])
+        if stopping["signal"] is not None:  # stopped between the death and the restart
+            return 128 + stopping["signal"]
         child["proc"] = proc = subprocess.Popen(cmd, preexec_fn=_die_with_parent)
         code = proc.wait()
         if code >= 0 or stopping["signal"] is not None:
@@ -371,7 +373,13 @@ def recover(job: Job, args, failed_in: int | None, rank: int, world: int, histor
     else:
         if not shard_ckpts:
             raise FileNotFoundError(f"rank {rank}: no readable shard checkpoint in {job.store.root}")
-        back = max(shard_ckpts)
+        # a checkpoint newer than the survivors' step (saved just before a survivor failed in
+        # an earlier step) would re-apply steps: take the newest one not after the target
+        usable = [c for c in shard_ckpts if c <= target]
+        if not usable:
+            raise RuntimeError(f"rank {rank}: no shard checkpoint at or before step {target} "
+                               f"(have {sorted(shard_ckpts)})")
+        back = max(usable)
         job.load_shard(shard_ckpts[back])
         job.recovered_from, job.lost_steps = back, target - back
         log.info("rank %d: recovered shard from the checkpoint of step %d (partial: updates of "
