@@ -81,6 +81,17 @@ class ErrorFeedback:
             self.velocities[bucket_index][sent] = 0
         self.layouts[bucket_index] = self.layout
 
+    def convert_velocity(self, bucket_index: int, like: torch.Tensor, convert) -> None:
+        """A velocity of this bucket kept in another form (over the whole bucket during a dense
+        warm-up, where the sparse algorithm keeps one per shard) is converted with
+        ``convert(velocity)`` instead of starting again at zero."""
+        velocity = self.velocities.get(bucket_index)
+        if (self.momentum and velocity is not None and velocity.shape != like.shape
+                and self.layouts.get(bucket_index) == self.layout):
+            converted = convert(velocity)
+            if converted.shape == like.shape:
+                self.velocities[bucket_index] = converted.to(like.dtype)
+
     def dense_momentum(self, bucket_index: int, average: torch.Tensor) -> torch.Tensor:
         """A bucket that went dense (small, or a dense warm-up step) still gets its momentum
         here when the optimizer's has moved into the hook: returns ``u = m u + average``."""

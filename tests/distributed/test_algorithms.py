@@ -165,6 +165,21 @@ def test_momentum_moved_into_the_hook_equals_momentum_sgd_on_dense_steps():
             torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
+def test_hitopk_carries_the_warm_up_velocity_into_its_shards():
+    """After a dense warm-up the whole-bucket velocity of the average becomes each rank's shard
+    of the node's sum (n times), instead of starting again at zero."""
+    m, n = 0.5, 2
+    for result in run_ranks(workers.warmup_velocity_handoff, 4, n):
+        (velocity,) = result["velocities"].values()
+        s = velocity.numel()
+        full = torch.zeros(n * s, dtype=torch.float64)
+        full[:result["c"].numel()] = n * (1 + m + m * m) * result["c"]
+        expected = full[result["local_rank"] * s:(result["local_rank"] + 1) * s]
+        kept = velocity != 0  # the entries sent in the first sparse step are zeroed
+        assert kept.sum() >= 0.95 * s
+        torch.testing.assert_close(velocity[kept], expected[kept], rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("wire,tol", [("fp16", 2e-3), ("bf16", 2e-2)])
 @pytest.mark.parametrize("algorithm", ["allreduce", "hier_allreduce", "hitopk"])
 def test_fp16_and_bf16_on_the_wire_stay_close_to_the_exact_average(dense_runs, algorithm,

@@ -95,6 +95,29 @@ def momentum_in_hook(rank, world, ranks_per_node):
     return out
 
 
+def warmup_velocity_handoff(rank, world, ranks_per_node):
+    """hitopk with momentum correction after 2 dense warm-up steps, on a model whose gradient
+    is the same constant c on every rank and step (loss = sum of a linear map of a fixed x):
+    the velocity after the first sparse step is n (1 + m + m^2) c on the unsent entries."""
+    torch.manual_seed(0)
+    model = nn.Linear(50, 40).double()
+    ddp = DDP(model)
+    state = thinwire.ddp.register(ddp, algorithm="hitopk", density=0.01, selector="exact",
+                                  ranks_per_node=ranks_per_node, dense_iterations=2,
+                                  momentum_correction=0.5, dense_below_bytes=0)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    x = torch.linspace(-1, 1, 50, dtype=torch.float64)[None, :]
+    for _ in range(3):
+        opt.zero_grad()
+        ddp(x).sum().backward()
+        opt.step()
+    # the gradient in canonical (model) order: the weight's rows are x, the bias's entries 1
+    c = torch.cat([x.expand(40, 50).reshape(-1), torch.ones(40, dtype=torch.float64)])
+    return {"velocities": {i: v.clone() for i, v in state.feedback.velocities.items()},
+            "residuals": {i: r.clone() for i, r in state.feedback.residuals.items()},
+            "c": c, "local_rank": rank % ranks_per_node}
+
+
 def checkpoint_resume(rank, world, ranks_per_node):
     """Train 4 steps straight; and 2 steps, checkpoint, restore into fresh objects, 2 more."""
     kwargs = dict(algorithm="hitopk", density=0.1, selector="exact",

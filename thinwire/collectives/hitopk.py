@@ -25,7 +25,13 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     shard = torch.empty(full.numel() // n, dtype=full.dtype, device=full.device)
     with state.timer("intra"):
         reduce_scatter(shard, full, topo.intra, n)
-    corrected = state.feedback.add_residual(bucket_index, shard.to(flat.dtype))
+    own = shard.to(flat.dtype)
+    if state.feedback.momentum:  # after a dense warm-up: the whole-bucket velocity of the
+        # average becomes this rank's shard of the node's sum (n times the average's)
+        lo = topo.local_rank * own.numel()
+        state.feedback.convert_velocity(
+            bucket_index, own, lambda u: n * padded(u, n)[lo:lo + own.numel()])
+    corrected = state.feedback.add_residual(bucket_index, own)
     dense, block_bytes = sparse_exchange(state, bucket_index, corrected, topo.inter, topo.nodes)
     dense.div_(topo.world_size)
     with state.timer("intra"):
