@@ -103,6 +103,7 @@ def run(spec, datasets=("movielens", "synthetic"), models=("lr", "fm", "wide_dee
 
 def _main(args: argparse.Namespace) -> int:
     from thinwire.cluster import ClusterSpec, missing_requirements
+    from thinwire.recsys import train as recsys_train
 
     shaping = not args.no_shaping
     if shaping and os.geteuid() != 0:
@@ -113,10 +114,9 @@ def _main(args: argparse.Namespace) -> int:
         shaping = False
     spec = ClusterSpec(nodes=args.nodes, ranks_per_node=args.ranks_per_node,
                        inter_node_bandwidth=args.inter_node_bandwidth, shaping=shaping)
-    extra = ["--epochs", str(args.epochs), "--batch", str(args.batch), "--k", str(args.k),
-             "--samples", str(args.samples), "--fields", str(args.fields),
-             "--multi-hot", str(args.multi_hot), "--vocab", str(args.vocab),
-             "--zipf", str(args.zipf)]
+    extra = ["--epochs", str(args.epochs), "--batch", str(args.batch), "--k", str(args.k)]
+    for name in recsys_train.SYNTHETIC_OPTIONS:
+        extra += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     result = run(spec, args.datasets, args.models, args.methods, extra,
                  synthetic_steps=args.max_steps, repeats=args.repeats)
     print(format_table(result["rows"], COLUMNS))
@@ -125,6 +125,8 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def register(bench_subparsers) -> None:
+    from thinwire.recsys import train as recsys_train
+
     parser = bench_subparsers.add_parser(
         "des", help="DES vs parameter server vs TorchRec-style sharding (recommender models)")
     parser.add_argument("--nodes", type=int, default=2)
@@ -139,11 +141,7 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch", type=int, default=1024, help="global batch size")
     parser.add_argument("--k", type=int, default=8)
-    parser.add_argument("--samples", type=int, default=40_000, help="synthetic samples")
-    parser.add_argument("--fields", type=int, default=16, help="synthetic fields")
-    parser.add_argument("--multi-hot", type=float, default=8.0, help="synthetic ids per field")
-    parser.add_argument("--vocab", type=int, default=100_000, help="synthetic ids per field's table")
-    parser.add_argument("--zipf", type=float, default=1.1, help="synthetic Zipf exponent")
+    recsys_train.add_synthetic_arguments(parser, samples=40_000)
     parser.add_argument("--max-steps", type=int, default=30,
                         help="steps per (model, method) on the synthetic set (0: whole epochs)")
     parser.add_argument("--repeats", type=int, default=1,

@@ -24,7 +24,7 @@ def _main(args: argparse.Namespace) -> int:
                "samples_per_s", "auc")
     passthrough = []
     for name in ("dataset", "epochs", "max_steps", "batch", "k", "optimizer", "lr", "seed",
-                 "samples", "fields", "vocab", "multi_hot", "zipf"):
+                 *recsys_train.SYNTHETIC_OPTIONS):
         passthrough += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     passthrough += ["--hidden", *map(str, args.hidden)]
     if args.single_process:

@@ -134,8 +134,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimizer", default="adagrad", choices=["sgd", "adagrad"])
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--samples", type=int, default=200_000, help="synthetic only")
-    parser.add_argument("--fields", type=int, default=16, help="synthetic only")
+    add_synthetic_arguments(parser)
+
+
+SYNTHETIC_OPTIONS = ("samples", "fields", "vocab", "multi_hot", "zipf")
+
+
+def add_synthetic_arguments(parser: argparse.ArgumentParser, samples: int = 200_000) -> None:
+    """The synthetic generator's options (SYNTHETIC_OPTIONS), shared with `bench des`."""
+    parser.add_argument("--samples", type=int, default=samples, help="synthetic: samples")
+    parser.add_argument("--fields", type=int, default=16, help="synthetic: fields")
     parser.add_argument("--vocab", type=int, default=100_000, help="synthetic: ids per field")
     parser.add_argument("--multi-hot", type=float, default=8.0,
                         help="synthetic: mean ids per field")
