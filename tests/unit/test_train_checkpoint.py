@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from thinwire.train import TrainConfig, train
+from thinwire.train import checkpoint
 from thinwire.train.checkpoint import rank_file
 
 
@@ -17,7 +18,7 @@ def _run(tmp_path, name, **changes):
 
 
 def _weights(directory):
-    return torch.load(rank_file(directory, 0), weights_only=False)
+    return checkpoint.read(rank_file(directory, 0), 0)
 
 
 @pytest.mark.parametrize("algorithm", ["hitopk", "allreduce"])

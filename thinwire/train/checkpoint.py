@@ -1,28 +1,56 @@
-"""Checkpoints: one file per rank (residuals differ between ranks), written atomically.
+"""Checkpoints: one file per rank (residuals differ between ranks), checksummed and atomic.
 
 A checkpoint holds the model, the optimizer, the schedule, the loss scaler, the hook's state
 (thinwire's residuals, or PowerSGD's error and P/Q memories), and the data position (epoch and
 step within it; batches are a function of seed and epoch, so that is enough to continue with the
 same batches), plus the identity of the run it belongs to, checked before anything is loaded.
+
+Files are `thinwire.safefile` records: plain tensors and containers (loaded with
+``weights_only=True``, so a crafted file cannot run code), a SHA-256 over the payload and the
+key ``train/rank<r>`` inside, so a file that was truncated, changed or copied from another rank
+is refused. Saving keeps the previous checkpoint as ``rank<r>.prev.pt``; loading falls back to
+it, with a warning naming the refused file, when the newest is unreadable or does not fit the
+run. The ranks agree on the step they resume from (a collective), so a fallback on one rank is
+a fallback on all, and a rank that cannot resume ends every rank with a clear error.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import tempfile
 from pathlib import Path
+from typing import Callable
 
 import torch
+import torch.distributed as dist
 
+from thinwire import safefile
+from thinwire.train.checkpoint_checks import CheckpointMismatch, check_fields
 from thinwire.train.grad_sync import is_sparse
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"TWTRAIN1\n"
 
 # Resuming with another value of any of these would silently train something else.
 IDENTITY = ("model", "algorithm", "density", "selector", "powersgd_rank", "optimizer",
             "batch_size", "seed", "momentum_correction", "dense_warmup_steps")
 
 
+class NoUsableCheckpoint(ValueError):
+    """No checkpoint of this run can be resumed from (on this rank or on another)."""
+
+
 def rank_file(directory: str | os.PathLike, rank: int) -> Path:
     return Path(directory) / f"rank{rank}.pt"
+
+
+def previous_file(directory: str | os.PathLike, rank: int) -> Path:
+    return Path(directory) / f"rank{rank}.prev.pt"
+
+
+def file_key(rank: int) -> str:
+    return f"train/rank{rank}"
 
 
 def identity(config) -> dict:
@@ -36,28 +64,38 @@ def identity(config) -> dict:
 
 
 def save(directory: str | os.PathLike, rank: int, payload: dict) -> Path:
-    path = rank_file(directory, rank)
+    """Write this rank's checkpoint; the one it replaces becomes ``rank<r>.prev.pt``."""
+    path, previous = rank_file(directory, rank), previous_file(directory, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    safefile.remove_orphans(path)
+    safefile.remove_orphans(previous)
+    data = safefile.encode(payload, MAGIC, file_key(rank))
+    tmp = path.parent / f"{safefile.temp_prefix(path)}{os.getpid()}.tmp"
     try:
-        torch.save(payload, tmp)
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if path.exists():  # a kill between these two renames leaves the previous one: loadable
+            os.replace(path, previous)
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
         raise
+    safefile.fsync_dir(path.parent)
     return path
 
 
-def load(directory: str | os.PathLike, rank: int, config, world_size: int) -> dict:
-    """This rank's checkpoint, after checking that it belongs to a run like ``config``."""
-    path = rank_file(directory, rank)
-    if not path.is_file():
-        raise FileNotFoundError(f"--resume {directory}: no checkpoint for rank {rank} "
-                                f"(expected {path})")
-    # weights_only=False: PowerSGD's state holds a numpy RandomState. Load only your own files.
-    payload = torch.load(path, map_location="cpu", weights_only=False)
+def read(path: Path, rank: int) -> dict:
+    """The payload of one file; CorruptFile when it is not an intact checkpoint of ``rank``."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise safefile.CorruptFile(f"{path}: cannot be read ({exc.strerror})") from None
+    return safefile.decode(data, MAGIC, str(path), file_key(rank))
+
+
+def check_identity(payload: dict, directory, config, world_size: int) -> None:
     saved = payload.get("identity", {})
     if is_sparse(config.algorithm):  # written before these options existed: they were off
         saved = {"momentum_correction": False, "dense_warmup_steps": 0, **saved}
@@ -77,4 +115,81 @@ def load(directory: str | os.PathLike, rank: int, config, world_size: int) -> di
         raise ValueError(f"--resume {directory}: the checkpoint was written by "
                          f"{payload.get('world_size')} ranks, this run has {world_size}; "
                          "residuals are per rank, so the world size must match")
-    return payload
+
+
+def load(directory: str | os.PathLike, rank: int, config, world_size: int, *,
+         steps_per_epoch: int, check: Callable[[dict], None] | None = None) -> dict:
+    """This rank's newest checkpoint that is intact and fits ``config`` (and ``check``, which
+    raises CheckpointMismatch for tensors that do not fit the model), at a step every rank
+    has. Collective when a process group is initialised: every rank must call it."""
+    path = rank_file(directory, rank)
+    safefile.remove_orphans(path)
+    safefile.remove_orphans(previous_file(directory, rank))
+    usable: dict[int, dict] = {}
+    refused: list[str] = []
+    failure: Exception | None = None
+    for candidate in (path, previous_file(directory, rank)):
+        if not candidate.is_file():
+            continue
+        try:
+            payload = read(candidate, rank)
+            if not isinstance(payload, dict):
+                raise CheckpointMismatch(f"holds a {type(payload).__name__}, not a dict")
+            check_identity(payload, directory, config, world_size)
+            check_fields(payload, steps_per_epoch, config.epochs)
+            if check is not None:
+                check(payload)
+        except (safefile.CorruptFile, CheckpointMismatch) as exc:
+            reason = str(exc) if str(exc).startswith(str(candidate)) else f"{candidate}: {exc}"
+            log.warning("rank %d: not resuming from %s: %s", rank, candidate, reason)
+            refused.append(reason)
+            continue
+        except ValueError as exc:  # another run's checkpoint: the user's mistake, say so
+            failure = exc
+            break
+        usable.setdefault(payload["step"], payload)
+    if failure is None and not usable and not refused:
+        failure = FileNotFoundError(f"--resume {directory}: no checkpoint for rank {rank} "
+                                    f"(expected {path})")
+    step = _agree(sorted(usable), failure is not None, directory, refused)
+    if failure is not None:
+        raise failure
+    if step != max(usable):
+        log.warning("rank %d: resuming from the checkpoint of step %d, not %d (not usable on "
+                    "every rank)", rank, step, max(usable))
+    elif refused:
+        log.warning("rank %d: fell back to the previous checkpoint (step %d) after refusing: %s",
+                    rank, step, "; ".join(refused))
+    return usable[step]
+
+
+def _agree(steps: list[int], failed: bool, directory, refused: list[str]) -> int | None:
+    """The newest step usable on every rank; every rank raises when there is none."""
+    mine = torch.full((3,), -1, dtype=torch.int64)
+    mine[0] = int(failed)
+    mine[1:1 + len(steps)] = torch.tensor(steps[-2:], dtype=torch.int64)
+    gathered = [mine]
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        device = (torch.device("cuda", torch.cuda.current_device())
+                  if dist.get_backend() == "nccl" else torch.device("cpu"))
+        mine = mine.to(device)
+        gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, mine)
+        gathered = [g.cpu() for g in gathered]
+    if failed:
+        return None
+    broken = [r for r, g in enumerate(gathered) if g[0]]
+    if broken:
+        raise NoUsableCheckpoint(f"--resume {directory}: rank(s) {broken} cannot resume "
+                                 "(their error is in their log); no rank resumes")
+    per_rank = [{int(s) for s in g[1:] if s >= 0} for g in gathered]
+    common = set.intersection(*per_rank)
+    if not common:
+        empty = [r for r, s in enumerate(per_rank) if not s]
+        detail = ("; ".join(refused) if refused else
+                  f"rank(s) {empty} have none (see their log)" if empty else
+                  "the ranks' checkpoints are of different steps")
+        raise NoUsableCheckpoint(
+            f"--resume {directory}: no usable checkpoint (steps per rank: "
+            f"{[sorted(s) for s in per_rank]}): {detail}")
+    return max(common)

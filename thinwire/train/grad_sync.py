@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import thinwire.ddp
 from thinwire import collectives, topk
+from thinwire.train.checkpoint_checks import rng_from_plain, rng_to_plain
 
 TORCH_ALGORITHMS = ("ddp", "ddp-fp16", "powersgd")
 SELECTORS = topk.METHODS
@@ -77,6 +78,7 @@ class Sync:
             return self.state.state_dict()
         if self.algorithm == "powersgd":
             out = {slot: getattr(self.state, slot) for slot in _POWERSGD_SLOTS}
+            out["rng"] = rng_to_plain(out["rng"])  # plain data: loads with weights_only=True
             out["layouts"] = dict(self.layouts)
             return out
         return None
@@ -87,6 +89,7 @@ class Sync:
         elif self.algorithm == "powersgd":
             for slot in _POWERSGD_SLOTS:
                 setattr(self.state, slot, saved[slot])
+            self.state.rng = rng_from_plain(saved["rng"])
             self.layouts.clear()
             self.layouts.update(saved["layouts"])
 

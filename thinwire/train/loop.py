@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from thinwire.optim import LARS, param_groups, warmup_cosine, warmup_poly
-from thinwire.train import checkpoint, data, grad_sync, models
+from thinwire.train import checkpoint, checkpoint_checks, data, grad_sync, models
 from thinwire.train.config import TrainConfig
 from thinwire.train.metrics import Metrics, interface_tx_bytes
 
@@ -159,6 +159,18 @@ def evaluate(cfg, module, ds, device) -> tuple[float, float]:
     return float(totals[0] / totals[1]), float(totals[2] / totals[1])
 
 
+def _fits(cfg: TrainConfig, module: torch.nn.Module, opt):
+    """The check a checkpoint passes before any of it is loaded (else the previous one is)."""
+    numel = sum(p.numel() for p in module.parameters())
+
+    def check(payload: dict) -> None:
+        checkpoint_checks.check_model(payload["model"], module)
+        checkpoint_checks.check_optimizer(payload["optimizer"], opt)
+        checkpoint_checks.check_hook(payload.get("hook"), cfg.algorithm,
+                                     grad_sync.is_thinwire(cfg.algorithm), numel)
+    return check
+
+
 def _train(cfg: TrainConfig, device: torch.device) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(cfg.seed)
@@ -168,7 +180,9 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
     total_steps = cfg.epochs * steps_per_epoch
     if cfg.max_iters:
         total_steps = min(total_steps, cfg.max_iters)
-    saved = checkpoint.load(cfg.resume, rank, cfg, world) if cfg.resume else None
+    opt, sched = _optimizer(cfg, module, total_steps)
+    saved = checkpoint.load(cfg.resume, rank, cfg, world, steps_per_epoch=steps_per_epoch,
+                            check=_fits(cfg, module, opt)) if cfg.resume else None
     if saved is not None:
         module.load_state_dict(saved["model"])
     model = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda"
@@ -178,7 +192,6 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
                           cfg.momentum if cfg.momentum_correction else 0.0,
                           cfg.dense_warmup_steps,
                           cfg.weight_decay if cfg.momentum_correction else 0.0)
-    opt, sched = _optimizer(cfg, module, total_steps)
     scaler = torch.amp.GradScaler("cuda") if cfg.amp == "fp16" else None
     metrics = Metrics(cfg, rank, world, total_steps)
     step, epoch, position = 0, 0, 0
@@ -197,7 +210,11 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
     start_step = step
     tx_start = None
 
+    saved_at = [None]  # the step last saved: the final save does not repeat it (which would
+    # also replace the previous checkpoint, the fallback, with a copy of the newest)
+
     def save_checkpoint():
+        saved_at[0] = step
         checkpoint.save(cfg.checkpoint, rank, {
             "identity": checkpoint.identity(cfg), "world_size": world, "model": module.state_dict(),
             "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
@@ -239,7 +256,7 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
     if cfg.eval_every and not stopped and (not metrics.curve
                                           or metrics.curve[-1]["step"] != step):
         run_eval()
-    if cfg.checkpoint:
+    if cfg.checkpoint and saved_at[0] != step:
         save_checkpoint()
     summary = metrics.summary(cfg, step, sum(p.numel() for p in module.parameters()),
                               stopped=stopped)

@@ -1,0 +1,167 @@
+"""What a training checkpoint must hold before any of it is loaded into a run.
+
+The checksum (`thinwire.safefile`) proves a file is what was written; these checks prove that
+what was written fits this run: every field present with its type and range, the model's and
+the optimizer's tensors with this model's names, shapes and dtypes, the hook's memory well
+formed. A file that fails is refused with `CheckpointMismatch` naming the field, and the loader
+falls back to the previous checkpoint, so nothing wrong reaches `load_state_dict` (whose own
+errors are tracebacks: "size mismatch", AttributeError, a failure at the first step).
+
+PowerSGD's numpy RandomState is kept as plain data (`rng_to_plain` / `rng_from_plain`): the
+MT19937 key as an int64 tensor plus its position and cached Gaussian, so the file loads with
+``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint field that is missing, of the wrong type, out of range or of the wrong
+    shape for this run."""
+
+
+def rng_to_plain(rng: np.random.RandomState) -> dict:
+    name, keys, pos, has_gauss, cached = rng.get_state(legacy=True)
+    return {"bit_generator": str(name), "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def rng_from_plain(state: dict) -> np.random.RandomState:
+    _require(isinstance(state, dict) and state.get("bit_generator") == "MT19937",
+             "hook.rng", "a MT19937 state", type(state).__name__)
+    keys = state["keys"]
+    _require(isinstance(keys, torch.Tensor) and keys.shape == (624,)
+             and bool(((keys >= 0) & (keys < 2 ** 32)).all()), "hook.rng.keys",
+             "624 integers in [0, 2**32)", getattr(keys, "shape", keys))
+    _require(_is_int(state["pos"]) and 0 <= state["pos"] <= 624, "hook.rng.pos", "[0, 624]",
+             state["pos"])
+    rng = np.random.RandomState()
+    rng.set_state(("MT19937", keys.numpy().astype(np.uint32), state["pos"],
+                   int(state["has_gauss"]), float(state["cached_gaussian"])))
+    return rng
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require(ok: bool, field: str, allowed: str, got) -> None:
+    if not ok:
+        raise CheckpointMismatch(f"field {field!r} is {got!r}, expected {allowed}")
+
+
+def check_fields(payload, steps_per_epoch: int, epochs: int) -> None:
+    """Types and ranges of the plain fields (the data position above all)."""
+    _require(isinstance(payload, dict), "checkpoint", "a dict", type(payload).__name__)
+    for name, kind in (("identity", dict), ("model", dict), ("optimizer", dict),
+                       ("scheduler", dict), ("metrics", dict)):
+        _require(isinstance(payload.get(name), kind), name, f"a {kind.__name__}",
+                 type(payload.get(name)).__name__)
+    for name in ("world_size", "step", "epoch", "position"):
+        _require(_is_int(payload.get(name)) and payload[name] >= 0, name,
+                 "an integer >= 0", payload.get(name))
+    _require(payload["position"] <= steps_per_epoch, "position",
+             f"an integer in [0, {steps_per_epoch}] (batches per epoch)", payload["position"])
+    _require(payload["epoch"] <= epochs, "epoch", f"an integer in [0, {epochs}]",
+             payload["epoch"])
+    expected = payload["epoch"] * steps_per_epoch + payload["position"]
+    _require(payload["step"] == expected, "step",
+             f"epoch x {steps_per_epoch} + position = {expected}", payload["step"])
+    metrics = payload["metrics"]
+    _require(isinstance(metrics.get("train_time_s"), (int, float))
+             and isinstance(metrics.get("curve"), list), "metrics",
+             "{'train_time_s': number, 'curve': list}", sorted(metrics))
+    _require(payload.get("scaler") is None or isinstance(payload["scaler"], dict), "scaler",
+             "None or a dict", type(payload.get("scaler")).__name__)
+
+
+def check_model(saved: dict, module: torch.nn.Module) -> None:
+    mine = module.state_dict()
+    missing, extra = sorted(set(mine) - set(saved)), sorted(set(saved) - set(mine))
+    _require(not missing and not extra, "model", f"this model's {len(mine)} tensors",
+             f"missing {missing[:5]}, unexpected {extra[:5]}")
+    for name, tensor in mine.items():
+        got = saved[name]
+        _require(isinstance(got, torch.Tensor) and got.shape == tensor.shape
+                 and got.dtype == tensor.dtype, f"model.{name}",
+                 f"a {tensor.dtype} tensor of shape {tuple(tensor.shape)}",
+                 f"{getattr(got, 'dtype', type(got).__name__)} "
+                 f"{tuple(getattr(got, 'shape', ()))}")
+
+
+def check_optimizer(saved: dict, optimizer: torch.optim.Optimizer) -> None:
+    """Same groups holding the same parameters; every per-parameter tensor of the state
+    (momentum buffers, Adam moments) shaped like its parameter, step counters scalar."""
+    groups, mine = saved.get("param_groups"), optimizer.param_groups
+    _require(isinstance(groups, list) and len(groups) == len(mine), "optimizer.param_groups",
+             f"{len(mine)} groups", len(groups) if isinstance(groups, list) else groups)
+    shapes = {}
+    for index, (theirs, group) in enumerate(zip(groups, mine)):
+        params = theirs.get("params") if isinstance(theirs, dict) else None
+        _require(isinstance(params, list) and len(params) == len(group["params"])
+                 and all(_is_int(p) for p in params), f"optimizer.param_groups[{index}]",
+                 f"{len(group['params'])} parameter indices", params)
+        shapes.update({p: q.shape for p, q in zip(params, group["params"])})
+    state = saved.get("state")
+    _require(isinstance(state, dict), "optimizer.state", "a dict", type(state).__name__)
+    for key, values in state.items():
+        _require(key in shapes and isinstance(values, dict), f"optimizer.state[{key!r}]",
+                 f"the state of one of parameters {sorted(shapes)[:3]}...", type(values))
+        for name, value in values.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                _require(value.shape == shapes[key], f"optimizer.state[{key}].{name}",
+                         f"shape {tuple(shapes[key])}", tuple(value.shape))
+            else:
+                _require(isinstance(value, (int, float, torch.Tensor)) or value is None,
+                         f"optimizer.state[{key}].{name}", "a number or tensor",
+                         type(value).__name__)
+
+
+def _check_tensor_dict(value, field: str, most: int) -> None:
+    _require(isinstance(value, dict), field, "a dict of bucket index -> tensor",
+             type(value).__name__)
+    for index, tensor in value.items():
+        _require(_is_int(index) and index >= 0, f"{field} key", "a bucket index >= 0", index)
+        _require(isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
+                 and tensor.numel() <= most, f"{field}[{index}]",
+                 f"a floating tensor of at most {most} elements (the model's size)",
+                 f"{getattr(tensor, 'dtype', type(tensor).__name__)} "
+                 f"{tuple(getattr(tensor, 'shape', ()))}")
+
+
+def _check_layouts(value, field: str) -> None:
+    _require(isinstance(value, dict), field, "a dict", type(value).__name__)
+    for index, layout in value.items():
+        _require(_is_int(index) and (layout is None or (isinstance(layout, (list, tuple))
+                                                        and all(_is_int(i) for i in layout))),
+                 f"{field}[{index!r}]", "None or a list of parameter indices", layout)
+
+
+def check_hook(saved, algorithm: str, is_thinwire: bool, numel: int) -> None:
+    """The hook's memory: residuals and velocities (thinwire), error and P/Q memories and the
+    generator (PowerSGD), nothing (DDP's own)."""
+    if is_thinwire:
+        _require(isinstance(saved, dict) and isinstance(saved.get("feedback"), dict), "hook",
+                 "a SyncState state_dict", type(saved).__name__)
+        _require(_is_int(saved.get("steps")) and saved["steps"] >= 0, "hook.steps",
+                 "an integer >= 0", saved.get("steps"))
+        feedback = saved["feedback"]
+        _require(isinstance(feedback.get("enabled"), bool), "hook.feedback.enabled", "a bool",
+                 feedback.get("enabled"))
+        for name in ("residuals", "velocities"):
+            _check_tensor_dict(feedback.get(name, {}), f"hook.feedback.{name}", numel)
+        _check_layouts(feedback.get("layouts", {}), "hook.feedback.layouts")
+    elif algorithm == "powersgd":
+        _require(isinstance(saved, dict), "hook", "a PowerSGD state", type(saved).__name__)
+        _require(_is_int(saved.get("iter")) and saved["iter"] >= 0, "hook.iter",
+                 "an integer >= 0", saved.get("iter"))
+        for name in ("error_dict", "p_memory_dict", "q_memory_dict"):
+            _check_tensor_dict(saved.get(name), f"hook.{name}", numel)
+        _check_layouts(saved.get("layouts"), "hook.layouts")
+        rng_from_plain(saved.get("rng"))
+    else:
+        _require(saved is None, "hook", f"None (--algorithm {algorithm} keeps no state)",
+                 type(saved).__name__)
