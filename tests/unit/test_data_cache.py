@@ -52,7 +52,7 @@ def test_memory_tier_lru_evicts_least_recent():
 @pytest.mark.parametrize("policy", ["static", "lru"])
 def test_disk_stays_within_its_budget(records, tmp_path, policy):
     urls, payloads = records
-    budget = 10 * (SIZE + 16)
+    budget = 10 * (SIZE + tiers.ENTRY_OVERHEAD)
     with CachedDataset(urls, memory_bytes=0, disk_dir=tmp_path / "l2", disk_bytes=budget,
                        policy=policy) as ds:
         for _ in range(2):
@@ -119,7 +119,7 @@ def test_corrupt_l2_entry_is_detected_and_fetched_again(records, tmp_path, damag
         assert ds[3] == payloads[3]
         assert ds.stats.corrupt == 1 and ds.stats.remote.hits == 1
         assert ds[3] == payloads[3] and ds.stats.l2.hits == 1   # the entry was written again
-        assert ds.l2.used == len(payloads[3]) + 16
+        assert ds.l2.used == len(payloads[3]) + tiers.ENTRY_OVERHEAD
 
 
 def test_full_disk_carries_on_from_memory_with_one_warning(records, tmp_path, monkeypatch):
@@ -223,7 +223,7 @@ def test_ranks_of_a_node_share_one_disk_cache(records, tmp_path):
         assert ds.stats.l2.hits == len(urls) and ds.stats.corrupt == 0
         on_disk = sum(f.stat().st_size for f in (tmp_path / "l2" / "objects").rglob("*")
                       if f.is_file())
-        assert ds.l2.used == on_disk == len(urls) * (SIZE + 16)
+        assert ds.l2.used == on_disk == len(urls) * (SIZE + tiers.ENTRY_OVERHEAD)
 
 
 def test_prefetch_keeps_the_order_and_the_statistics(records):
@@ -282,7 +282,7 @@ def test_warm_command_fills_the_disk_cache(records, tmp_path, capsys):
     with CachedDataset(urls, memory_bytes=0, disk_dir=tmp_path / "l2",
                        disk_bytes=20 * 1024) as ds:
         got, _ = _epoch(ds, 0)
-        assert ds.stats.l2.hits == 20 * 1024 // (SIZE + 16)   # static: as many as fit
+        assert ds.stats.l2.hits == 20 * 1024 // (SIZE + tiers.ENTRY_OVERHEAD)   # static: as many as fit
 
 
 def test_inputs_are_checked(records, tmp_path):

@@ -7,7 +7,8 @@ from thinwire.data.cached import CachedDataset, PrefetchSampler
 from thinwire.data.remote import Objects, RemoteReadError, RemoteStore, Shards
 from thinwire.data.sampler import NodePartitionSampler
 from thinwire.data.stats import CacheStats
-from thinwire.data.tiers import DiskFullWarning
+from thinwire.data.tiers import DiskFullWarning, DiskUnwritableWarning
 
 __all__ = ["CachedDataset", "PrefetchSampler", "Objects", "Shards", "RemoteStore",
-           "RemoteReadError", "NodePartitionSampler", "CacheStats", "DiskFullWarning"]
+           "RemoteReadError", "NodePartitionSampler", "CacheStats", "DiskFullWarning",
+           "DiskUnwritableWarning"]

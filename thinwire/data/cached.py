@@ -23,7 +23,7 @@ import torch.utils.data
 
 from thinwire.data.remote import Objects, RemoteStore, Shards
 from thinwire.data.stats import CacheStats
-from thinwire.data.tiers import DiskTier, MemoryTier, check_policy
+from thinwire.data.tiers import MemoryTier, check_policy, open_disk_tier
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class CachedDataset(torch.utils.data.Dataset):
         self.policy = policy
         self.decode = decode
         self.l1 = MemoryTier(memory_bytes, policy, self.stats)
-        self.l2 = DiskTier(disk_dir, disk_bytes, policy, self.stats) if disk_dir else None
+        self.l2 = open_disk_tier(disk_dir, disk_bytes, policy, self.stats) if disk_dir else None
         self.prefetch_threads, self.prefetch_depth = prefetch_threads, prefetch_depth
         self._runtime()
 

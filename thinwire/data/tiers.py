@@ -10,9 +10,11 @@ Both are bounded in bytes and follow one of two policies (PAPERS.md 1c):
 
 The disk tier is shared by every process of a node (DataLoader workers, ranks) and survives
 restarts. Entries are written to a temporary file and renamed into place, so a reader sees a
-whole entry or none; each entry carries a CRC32 of its payload, checked on every read, and a
-file that fails the check (bit rot, truncation, a crash before the data reached the disk) is
-deleted and reported as a miss, never returned. The byte budget is kept in a small `usage` file
+whole entry or none; each entry carries the SHA-256 of its key and a CRC32 of its payload, checked
+on every read, and a file that fails the check (bit rot, truncation, a crash before the data reached the
+disk, an entry copied under another key's name) is deleted and reported as a miss, never
+returned. A directory that cannot be written (permissions, a read-only mount) turns the tier
+off for writes with one warning; reads carry on from memory and the remote store. The byte budget is kept in a small `usage` file
 updated under an exclusive `flock`, so concurrent processes never overshoot it.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import weakref
 import hashlib
 import logging
 import os
@@ -36,13 +39,20 @@ from thinwire.data.stats import CacheStats
 log = logging.getLogger(__name__)
 
 POLICIES = ("static", "lru")
-_HEADER = struct.Struct("<4sIQ")   # magic, crc32 of payload, payload length
-_MAGIC = b"TWC1"
+# magic, crc32 of the payload, payload length, SHA-256 of the key (what the entry is)
+_HEADER = struct.Struct("<4sIQ32s")
+ENTRY_OVERHEAD = _HEADER.size      # bytes an L2 entry adds to its payload
+_MAGIC = b"TWC2"
+_UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 _LRU_LOW_WATER = 0.9               # an lru eviction frees down to 90% so scans are rare
 
 
 class DiskFullWarning(RuntimeWarning):
     """The L2 directory's file system is full: the cache carries on with memory only."""
+
+
+class DiskUnwritableWarning(RuntimeWarning):
+    """The L2 directory cannot be written: the cache carries on with memory only."""
 
 
 def check_policy(policy: str) -> str:
@@ -118,8 +128,28 @@ class MemoryTier:
         self._lock = threading.Lock()
 
 
+def open_disk_tier(directory, capacity_bytes: int, policy: str,
+                   stats: CacheStats) -> "DiskTier | None":
+    """The L2 tier, or None (memory only, one warning) where its directory cannot be set up
+    because it cannot be written."""
+    try:
+        return DiskTier(directory, capacity_bytes, policy, stats)
+    except OSError as exc:
+        if exc.errno not in _UNWRITABLE + (errno.ENOENT,):
+            raise
+        message = (f"L2 cache directory {directory} cannot be set up ({exc.strerror}: "
+                   f"{exc.filename}): carrying on with the memory tier only")
+        log.warning(message)
+        warnings.warn(message, DiskUnwritableWarning, stacklevel=3)
+        return None
+
+
+def _key_digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
 def entry_name(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
+    return _key_digest(key).hex()
 
 
 class DiskTier:
@@ -131,6 +161,8 @@ class DiskTier:
         self.policy = check_policy(policy)
         self.stats = stats
         self.directory = Path(directory)
+        if self.directory.exists() and not self.directory.is_dir():
+            raise ValueError(f"disk_dir must be a directory, got {str(directory)!r} (a file)")
         self.writable = True
         self._objects = self.directory / "objects"
         self._tmp = self.directory / "tmp"
@@ -144,7 +176,18 @@ class DiskTier:
 
     # -- process-local handles: a fork shares the lock file's description, so reopen it --------
     def _reopen(self) -> None:
-        self._fd = os.open(self.directory / "usage", os.O_RDWR | os.O_CREAT, 0o644)
+        old = getattr(self, "_closer", None)
+        if old is not None:
+            old()               # this process's inherited copy of the parent's descriptor
+        try:
+            self._fd = os.open(self.directory / "usage", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            if exc.errno not in _UNWRITABLE:
+                raise
+            self._fd = os.open(self.directory / "usage", os.O_RDONLY)
+            self._unwritable(exc)
+        # Closes the descriptor when the tier is collected without close() (no leak).
+        self._closer = weakref.finalize(self, os.close, self._fd)
         self._thread_lock = threading.Lock()
         self._pid = os.getpid()
 
@@ -167,8 +210,8 @@ class DiskTier:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for name in ("_fd", "_thread_lock"):
-            state.pop(name)
+        for name in ("_fd", "_thread_lock", "_closer"):
+            state.pop(name, None)
         state["_pid"] = -1
         return state
 
@@ -178,7 +221,7 @@ class DiskTier:
 
     def close(self) -> None:
         if self._pid == os.getpid():
-            os.close(self._fd)
+            self._closer()      # idempotent: closes the descriptor once
             self._pid = -1
 
     # -- usage accounting (call with the lock held) ---------------------------------------------
@@ -190,9 +233,10 @@ class DiskTier:
             return self._scan_usage()
 
     def _write_usage(self, fd: int, used: int) -> None:
-        text = f"{max(used, 0)}\n".encode()
-        os.pwrite(fd, text.ljust(24), 0)
         self.used = max(used, 0)
+        if self.writable:
+            text = f"{self.used}\n".encode()
+            os.pwrite(fd, text.ljust(24), 0)
 
     def _entries(self):
         for sub in os.scandir(self._objects):
@@ -210,7 +254,11 @@ class DiskTier:
                 pid = int(entry.name.split(".")[1])
                 os.kill(pid, 0)
             except (IndexError, ValueError, ProcessLookupError):
-                Path(entry.path).unlink(missing_ok=True)
+                try:
+                    Path(entry.path).unlink(missing_ok=True)
+                except OSError as exc:  # a read-only directory: nothing can be written there
+                    if exc.errno not in _UNWRITABLE:
+                        raise
             except PermissionError:     # alive, owned by another user
                 pass
 
@@ -227,7 +275,7 @@ class DiskTier:
                 payload = handle.read()
         except FileNotFoundError:
             return None
-        payload = self._verify(header, payload)
+        payload = self._verify(header, payload, key)
         if payload is None:
             log.warning("L2 entry %s for %s is corrupt or truncated: discarded, fetching again",
                         path, key)
@@ -242,14 +290,16 @@ class DiskTier:
         return payload
 
     @staticmethod
-    def _verify(header: bytes, payload: bytes) -> bytes | None:
-        """The payload when header and CRC agree with it, else None (corrupt or truncated)."""
+    def _verify(header: bytes, body: bytes, key: str) -> bytes | None:
+        """The payload when header, key and CRC agree with it, else None (corrupt, truncated or
+        another key's entry)."""
         if len(header) < _HEADER.size:
             return None
-        magic, crc, length = _HEADER.unpack(header)
-        if magic != _MAGIC or len(payload) != length or zlib.crc32(payload) != crc:
+        magic, crc, length, key_digest = _HEADER.unpack(header)
+        if (magic != _MAGIC or len(body) != length or key_digest != _key_digest(key)
+                or zlib.crc32(body) != crc):
             return None
-        return payload
+        return body
 
     def _discard(self, path: Path) -> None:
         with self._locked() as fd:
@@ -258,6 +308,11 @@ class DiskTier:
                 path.unlink()
             except FileNotFoundError:
                 return
+            except OSError as exc:      # a read-only directory: it stays, and is never served
+                if exc.errno not in _UNWRITABLE:
+                    raise
+                self._unwritable(exc)
+                return
             self._write_usage(fd, self._read_usage(fd) - size)
 
     def put(self, key: str, data: bytes) -> bool:
@@ -265,6 +320,15 @@ class DiskTier:
         size = _HEADER.size + len(data)
         if not self.writable:
             return False
+        try:
+            return self._put(key, data, size)
+        except OSError as exc:
+            if exc.errno not in _UNWRITABLE:
+                raise
+            self._unwritable(exc)
+            return False
+
+    def _put(self, key: str, data: bytes, size: int) -> bool:
         if size > self.capacity or (self.policy == "static" and self.used + size > self.capacity):
             # `self.used` may be stale (other processes): only a cheap early-out for static,
             # which never shrinks; the decision below is made under the lock.
@@ -275,7 +339,7 @@ class DiskTier:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                header = _HEADER.pack(_MAGIC, zlib.crc32(data), len(data))
+                header = _HEADER.pack(_MAGIC, zlib.crc32(data), len(data), _key_digest(key))
                 _write_all(fd, header)
                 _write_all(fd, data)
             finally:
@@ -287,11 +351,11 @@ class DiskTier:
                 return False
             raise
         try:
-            return self._commit(tmp, final, size)
+            return self._commit(tmp, final, size, len(data))
         finally:
             tmp.unlink(missing_ok=True)
 
-    def _commit(self, tmp: Path, final: Path, size: int) -> bool:
+    def _commit(self, tmp: Path, final: Path, size: int, payload: int) -> bool:
         with self._locked() as fd:
             if final.exists():          # another process filled the same entry first
                 return True
@@ -305,7 +369,7 @@ class DiskTier:
             final.parent.mkdir(exist_ok=True)
             os.replace(tmp, final)      # atomic: readers see the old state or the whole entry
             self._write_usage(fd, used + size)
-        self.stats.add("bytes_written", size - _HEADER.size, tier="l2")
+        self.stats.add("bytes_written", payload, tier="l2")
         return True
 
     def _evict(self, used: int, size: int) -> int:
@@ -326,6 +390,15 @@ class DiskTier:
                    "carrying on with the memory tier only; L2 entries already stored stay readable")
         log.warning(message)
         warnings.warn(message, DiskFullWarning, stacklevel=3)
+
+    def _unwritable(self, exc: OSError) -> None:
+        if not self.writable:
+            return
+        self.writable = False
+        message = (f"L2 cache directory {self.directory} cannot be written ({exc.strerror}: "
+                   f"{exc.filename}): carrying on with the memory tier only")
+        log.warning(message)
+        warnings.warn(message, DiskUnwritableWarning, stacklevel=4)
 
     def __contains__(self, key: str) -> bool:
         return self.path_for(key).exists()

@@ -158,7 +158,8 @@ class Job:
         self.method = make_method(args.method, self.model, comm, data.num_rows, "adagrad", 0.05,
                                   seed=0)
         self.shard, self.dense_opt = self.method.shard, self.method.dense_opt
-        self.store = CheckpointStore(Path(args.dir) / f"rank{rank}", keep=3)
+        self.store = CheckpointStore(Path(args.dir) / f"rank{rank}", keep=3,
+                                     namespace=f"rank{rank}")
 
     # state
     def dense_state(self) -> dict:

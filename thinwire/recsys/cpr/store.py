@@ -1,10 +1,13 @@
 """Versioned, checksummed, atomic checkpoint files, and per-shard save/restore of embedding rows.
 
-A file is ``MAGIC`` + the SHA-256 of the payload (64 hex chars) + ``\\n`` + the payload, a
-``torch.save`` of plain tensors and containers, read back with ``torch.load(weights_only=True)``.
-It is written to a temporary file in the same folder, fsync'ed, then renamed, so a reader sees
-either the whole new file or none. A truncated or corrupted file fails its checksum
-(`CorruptCheckpoint`) and `load_chain` falls back to the previous version.
+A file is a `thinwire.safefile` record: ``MAGIC`` + the SHA-256 of the payload + the payload, a
+``torch.save`` of plain tensors and containers read back with ``torch.load(weights_only=True)``,
+holding the name it was saved under (store namespace, key, version, kind), so a file copied or
+renamed to another key or version is refused, not restored. It is written to a temporary file in
+the same folder, fsync'ed, then renamed, so a reader sees either the whole new file or none;
+temporaries left by a killed save are removed on the key's next save or load. A truncated or
+corrupted file fails its checksum (`CorruptCheckpoint`) and `load_chain` falls back to the
+previous version.
 
 Files are ``<key>.v<version>.<kind>.ckpt``; versions count up per key over both kinds:
 
@@ -15,53 +18,40 @@ Files are ``<key>.v<version>.<kind>.ckpt``; versions count up per key over both 
 
 from __future__ import annotations
 
-import hashlib
-import io
 import logging
 import os
 import re
-import tempfile
 from pathlib import Path
 
-import torch
-
+from thinwire import safefile
 from thinwire.recsys.sharded import EmbeddingShard
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"TWCPR1\n"
+MAGIC = b"TWCPR2\n"
 KINDS = ("full", "delta")
 _NAME = re.compile(r"^(?P<key>[A-Za-z0-9_\-]+)\.v(?P<version>\d{8})\.(?P<kind>full|delta)\.ckpt$")
+_TEMP = re.compile(r"^\.(?P<key>[A-Za-z0-9_\-]+)\.v\d{8}\.(full|delta)\.ckpt\..*\.tmp$")
+
+# A checkpoint file whose header, length, checksum or recorded name does not match.
+CorruptCheckpoint = safefile.CorruptFile
 
 
-class CorruptCheckpoint(ValueError):
-    """A checkpoint file whose header, length or checksum does not match its contents."""
+def encode(obj, key: str | None = None) -> bytes:
+    return safefile.encode(obj, MAGIC, key)
 
 
-def encode(obj) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    payload = buffer.getvalue()
-    return MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
-
-
-def decode(data: bytes, where: str = "checkpoint"):
-    head = len(MAGIC) + 65
-    if len(data) < head or not data.startswith(MAGIC) or data[head - 1:head] != b"\n":
-        raise CorruptCheckpoint(f"{where}: bad header (truncated or not a thinwire checkpoint)")
-    digest, payload = data[len(MAGIC):head - 1].decode(errors="replace"), data[head:]
-    if hashlib.sha256(payload).hexdigest() != digest:
-        raise CorruptCheckpoint(f"{where}: checksum mismatch ({len(payload)} payload bytes)")
-    return torch.load(io.BytesIO(payload), weights_only=True)
+def decode(data: bytes, where: str = "checkpoint", key: str | None = None):
+    return safefile.decode(data, MAGIC, where, key)
 
 
 class CheckpointStore:
     """Checkpoints of many keys (one per shard, one for the dense model) in one folder."""
 
-    def __init__(self, root: str | os.PathLike, keep: int = 2):
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1 (full checkpoints kept per key), got {keep}")
-        self.root, self.keep = Path(root), keep
+    def __init__(self, root: str | os.PathLike, keep: int = 2, namespace: str = ""):
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be >= 1 (full checkpoints kept per key), got {keep!r}")
+        self.root, self.keep, self.namespace = Path(root), keep, namespace
         self.root.mkdir(parents=True, exist_ok=True)
         self.bytes_written = 0
 
@@ -81,19 +71,10 @@ class CheckpointStore:
             raise ValueError(f"key must be letters, digits, '_' or '-', got {key!r}")
         existing = self.versions(key)
         version = existing[-1][0] + 1 if existing else 1
-        data = encode(obj)
+        self.remove_orphans(key)
         path = self.root / f"{key}.v{version:08d}.{kind}.ckpt"
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        data = encode(obj, self.file_key(path))
+        safefile.atomic_write(path, data)
         self.bytes_written += len(data)
         if kind == "full":
             self._prune(key)
@@ -110,14 +91,34 @@ class CheckpointStore:
             if version < oldest_kept:
                 path.unlink(missing_ok=True)
 
+    def file_key(self, path: Path) -> str:
+        """What a file records it is: namespace/key/version/kind, from its name."""
+        m = _NAME.match(path.name)
+        if m is None:
+            raise CorruptCheckpoint(f"{path}: not a checkpoint file name (<key>.v<8 digits>."
+                                    "<full|delta>.ckpt)")
+        return f"{self.namespace}/{m['key']}/v{m['version']}/{m['kind']}"
+
     def read(self, path: Path):
-        return decode(path.read_bytes(), str(path))
+        return decode(path.read_bytes(), str(path), self.file_key(path))
+
+    def remove_orphans(self, key: str) -> int:
+        """Delete `key`'s temporary files left by a save that was killed (one writer per key)."""
+        removed = 0
+        for path in self.root.iterdir():
+            m = _TEMP.match(path.name)
+            if m and m["key"] == key:
+                path.unlink(missing_ok=True)
+                removed += 1
+                log.warning("removed %s, left by a checkpoint save that did not finish", path)
+        return removed
 
     def load_chain(self, key: str) -> tuple[int, object, list]:
         """(version, state) of the newest readable full file and the readable deltas after it.
 
         Corrupted or truncated files are skipped with a warning (the previous version is used);
         FileNotFoundError when no full file of `key` can be read."""
+        self.remove_orphans(key)
         files = self.versions(key)
         for index in range(len(files) - 1, -1, -1):
             version, kind, path = files[index]
