@@ -1,4 +1,5 @@
-"""Output every command shares: JSON written atomically, and plain-text tables.
+"""Output every command shares: JSON written atomically, plain-text tables, and the check that
+an output path can be written, made before the work starts.
 
 It sits at the bottom of the package (it imports nothing of thinwire), so the cluster, data,
 recommender, simulator and training code can all use it without importing the benchmarks.
@@ -20,12 +21,20 @@ def _default_mode() -> int:
     return 0o666 & ~mask
 
 
+class OutputPathError(ValueError):
+    """An output file that cannot be written, named by the path the user gave."""
+
+
 def write_json_atomic(path: str | os.PathLike, payload: Any) -> None:
     """Write JSON to a temporary file beside ``path``, then rename: never a half-written file.
-    The file gets the usual mode for a new file (not mkstemp's private 0600)."""
+    The file gets the usual mode for a new file (not mkstemp's private 0600). A failure is
+    reported with ``path``, not the temporary file's name."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise OutputPathError(f"cannot write {path}: {exc.strerror}") from None
     try:
         with os.fdopen(fd, "w") as handle:
             json.dump(payload, handle, indent=2)
@@ -34,6 +43,10 @@ def write_json_atomic(path: str | os.PathLike, payload: Any) -> None:
             os.fsync(handle.fileno())
         os.chmod(tmp, _default_mode())
         os.replace(tmp, path)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise OutputPathError(f"cannot write {path}: {exc.strerror}") from None
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -58,3 +71,31 @@ def format_table(rows: Sequence[dict], columns: Iterable[str]) -> str:
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
     return "\n".join(lines)
+
+
+def check_output_path(path: str | os.PathLike | None, param: str) -> Path | None:
+    """Check, before any work, that a file can be written at ``path`` (``None``: no output).
+
+    Missing folders are created (the documented commands write under ``results/``); a path
+    that is a folder, under a file, or on something that cannot be written is refused with
+    the path the user gave."""
+    if path is None:
+        return None
+    target = Path(path)
+    if str(path) == "" or target.is_dir():
+        raise OutputPathError(f"{param} {str(path)!r}: expected a file path, got "
+                              f"{'an empty string' if str(path) == '' else 'a folder'}")
+    parent = target.parent
+    ancestor = parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputPathError(f"{param} {path}: {ancestor} is a file, so no folder can be "
+                              "created under it")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{target.name}.", suffix=".probe"):
+            pass  # a write test: permissions alone do not tell root about read-only mounts
+    except OSError as exc:
+        raise OutputPathError(f"{param} {path}: cannot be written ({exc.strerror})") from None
+    return target

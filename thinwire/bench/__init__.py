@@ -8,7 +8,10 @@ returns its rows.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
+
+from thinwire.output import check_output_path
 
 # One module per benchmark; each defines `register(subparsers)`.
 BENCH_MODULES = [
@@ -27,3 +30,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench_sub.required = True
     for module_name in BENCH_MODULES:
         importlib.import_module(module_name).register(bench_sub)
+    for sub in bench_sub.choices.values():  # every --json is checked before the work starts
+        sub.set_defaults(func=_output_checked(sub.get_default("func")))
+
+
+def _output_checked(func):
+    @functools.wraps(func)
+    def run(args: argparse.Namespace):
+        check_output_path(getattr(args, "json", None), "--json")
+        return func(args)
+    return run

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from thinwire.bench.report import format_table, save_if_asked
+from thinwire.cliargs import integer, number
 
 log = logging.getLogger(__name__)
 
@@ -115,15 +116,15 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--model", default="deepfm", choices=["lr", "fm", "wide_deep", "deepfm"])
     parser.add_argument("--methods", nargs="+", default=["full", "partial", "mfu", "ssu"],
                         choices=["full", "partial", "mfu", "ssu"])
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=256, help="global batch size")
-    parser.add_argument("--n-emb", type=int, default=8, help="embedding shards")
-    parser.add_argument("--mtbfs", type=float, default=8.0,
+    parser.add_argument("--epochs", type=integer(1), default=2)
+    parser.add_argument("--batch", type=integer(1), default=256, help="global batch size")
+    parser.add_argument("--n-emb", type=integer(1), default=8, help="embedding shards")
+    parser.add_argument("--mtbfs", type=number(0, 1e4, low_open=True), default=8.0,
                         help="failure-free run length in MTBFs (scales the time model)")
-    parser.add_argument("--pls-target", type=float, default=0.02)
-    parser.add_argument("--mfu-fraction", type=float, default=0.2)
-    parser.add_argument("--ssu-rate", type=float, default=0.1)
-    parser.add_argument("--sub-saves", type=int, default=2)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--pls-target", type=number(0, 1, low_open=True), default=0.02)
+    parser.add_argument("--mfu-fraction", type=number(0, 1, low_open=True), default=0.2)
+    parser.add_argument("--ssu-rate", type=number(0, 1, low_open=True), default=0.1)
+    parser.add_argument("--sub-saves", type=integer(1), default=2)
+    parser.add_argument("--seeds", type=integer(0), nargs="+", default=[0, 1, 2])
     parser.add_argument("--json", metavar="PATH")
     parser.set_defaults(func=_main)

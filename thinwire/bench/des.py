@@ -22,6 +22,7 @@ import sys
 import tempfile
 
 from thinwire.bench.report import format_table, save_if_asked
+from thinwire.cliargs import integer
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +130,8 @@ def register(bench_subparsers) -> None:
 
     parser = bench_subparsers.add_parser(
         "des", help="DES vs parameter server vs TorchRec-style sharding (recommender models)")
-    parser.add_argument("--nodes", type=int, default=2)
-    parser.add_argument("--ranks-per-node", type=int, default=2)
+    parser.add_argument("--nodes", type=integer(1, 64), default=2)
+    parser.add_argument("--ranks-per-node", type=integer(1, 64), default=2)
     parser.add_argument("--inter-node-bandwidth", default="1gbit")
     parser.add_argument("--no-shaping", action="store_true")
     parser.add_argument("--datasets", nargs="+", default=["movielens", "synthetic"],
@@ -138,13 +139,13 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--models", nargs="+", default=["lr", "fm", "wide_deep", "deepfm"])
     parser.add_argument("--methods", nargs="+",
                         default=["des", "ps", "torchrec_tw", "torchrec_rw"])
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--batch", type=int, default=1024, help="global batch size")
-    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--epochs", type=integer(1), default=1)
+    parser.add_argument("--batch", type=integer(1), default=1024, help="global batch size")
+    parser.add_argument("--k", type=integer(1), default=8)
     recsys_train.add_synthetic_arguments(parser, samples=40_000)
-    parser.add_argument("--max-steps", type=int, default=30,
+    parser.add_argument("--max-steps", type=integer(0), default=30,
                         help="steps per (model, method) on the synthetic set (0: whole epochs)")
-    parser.add_argument("--repeats", type=int, default=1,
+    parser.add_argument("--repeats", type=integer(1), default=1,
                         help="launches per data set; samples/s is their median")
     parser.add_argument("--json", metavar="PATH")
     parser.set_defaults(func=_main)

@@ -12,7 +12,7 @@ import platform
 
 import torch
 
-from thinwire import topk
+from thinwire import cliargs, topk
 from thinwire.bench.report import format_table, median_time, save_if_asked
 
 DEFAULT_SIZES = (1_000_000, 25_600_000, 110_000_000)  # 1M, ResNet-50, BERT-base
@@ -104,6 +104,6 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--densities", type=_density, nargs="+", default=list(DEFAULT_DENSITIES))
     parser.add_argument("--methods", nargs="+", choices=topk.METHODS, default=list(topk.METHODS))
     parser.add_argument("--repeats", type=_positive_int, default=5)
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--device", type=cliargs.device, default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--json", metavar="PATH", help="write the rows as JSON here")
     parser.set_defaults(func=_main)

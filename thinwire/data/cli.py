@@ -34,7 +34,9 @@ def read_sources(source: str) -> str | list[str]:
 def _warm(args: argparse.Namespace) -> int:
     from thinwire.data.cached import CachedDataset
     from thinwire.data.remote import RemoteReadError
+    from thinwire.output import check_output_path
 
+    check_output_path(args.json, "--json")  # before the work, not after it
     source = read_sources(args.source)
     with CachedDataset(source, memory_bytes=0, disk_dir=args.disk_dir,
                        disk_bytes=args.disk_bytes, policy=args.policy,
@@ -59,6 +61,8 @@ def _warm(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from thinwire.cliargs import integer, number
+
     parser = subparsers.add_parser("data", help="the multi-level data cache")
     data_sub = parser.add_subparsers(dest="data_command", metavar="ACTION")
     data_sub.required = True
@@ -70,9 +74,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     warm.add_argument("--disk-bytes", required=True, type=parse_bytes,
                       help="L2 budget, e.g. 200G")
     warm.add_argument("--policy", choices=("static", "lru"), default="static")
-    warm.add_argument("--threads", type=int, default=8, help="concurrent remote reads")
-    warm.add_argument("--retries", type=int, default=4)
-    warm.add_argument("--timeout", type=float, default=30.0, help="seconds per remote request")
+    warm.add_argument("--threads", type=integer(1, 1024), default=8,
+                      help="concurrent remote reads")
+    warm.add_argument("--retries", type=integer(0, 100), default=4)
+    warm.add_argument("--timeout", type=number(0, 86400, low_open=True), default=30.0,
+                      help="seconds per remote request")
     warm.add_argument("--quiet", action="store_true", help="no progress bar")
     warm.add_argument("--json", metavar="PATH", help="write the summary and statistics as JSON")
     warm.add_argument("--verbose-stats", action="store_true", help="print per-tier statistics")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -16,6 +17,8 @@ def check_number(name: str, value: object, *, low: float = 0.0, high: float | No
     value = float(value)
     if not value >= low:  # also catches NaN
         raise ValueError(f"{name} must be >= {low:g}, got {value:g}")
+    if not math.isfinite(value):  # an infinite lr or decay turns every weight into inf/NaN
+        raise ValueError(f"{name} must be a finite number, got {value:g}")
     if high is not None and (value >= high if high_open else value > high):
         bracket = ")" if high_open else "]"
         raise ValueError(f"{name} must be in [{low:g}, {high:g}{bracket}, got {value:g}")

@@ -65,8 +65,9 @@ class LARS(Optimizer):
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         # Checked per group: a group may override any default.
-        for name in ("lr", "momentum", "weight_decay", "trust_coefficient", "eps"):
+        for name in ("lr", "weight_decay", "trust_coefficient", "eps"):
             group[name] = check_number(name, group[name])
+        group["momentum"] = check_number("momentum", group["momentum"], high=1.0, high_open=True)
         if not isinstance(group["trust_ratio"], bool):
             raise TypeError(f"trust_ratio must be a bool, got {group['trust_ratio']!r}")
         resolve_foreach(group["foreach"])

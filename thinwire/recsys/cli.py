@@ -18,7 +18,10 @@ log = logging.getLogger(__name__)
 
 def _main(args: argparse.Namespace) -> int:
     from thinwire.output import format_table, write_json_atomic
+    from thinwire.output import check_output_path
     from thinwire.recsys import train as recsys_train
+
+    check_output_path(args.json, "--json")  # before the work, not after it
 
     columns = ("model", "method", "steps", "bytes_per_iter", "payload_bytes_per_iter",
                "samples_per_s", "auc")
@@ -59,6 +62,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
+    from thinwire.cliargs import integer
     from thinwire.recsys.train import add_arguments
 
     parser = subparsers.add_parser("recsys", help="recommender models with DES sharding")
@@ -66,8 +70,8 @@ def register(subparsers) -> None:
     sub.required = True
     train = sub.add_parser("train", help="train on the emulated cluster (or one process)")
     add_arguments(train)
-    train.add_argument("--nodes", type=int, default=2)
-    train.add_argument("--ranks-per-node", type=int, default=2)
+    train.add_argument("--nodes", type=integer(1, 64), default=2)
+    train.add_argument("--ranks-per-node", type=integer(1, 64), default=2)
     train.add_argument("--inter-node-bandwidth", default="1gbit")
     train.add_argument("--no-shaping", action="store_true")
     train.add_argument("--single-process", action="store_true",

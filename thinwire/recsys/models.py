@@ -21,6 +21,8 @@ DeepFM     bag     sum x w, sum x v, sum x^2 |v|^2               K + 2
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import nn
 
@@ -156,6 +158,10 @@ def check_fields(batch: Batch, model: RecModel) -> None:
 
 def bce_loss(logits: torch.Tensor, labels: torch.Tensor, global_batch: int) -> torch.Tensor:
     """Sum of per-sample losses over `global_batch`: summed over ranks, the global mean."""
+    if (isinstance(global_batch, bool) or not isinstance(global_batch, numbers.Integral)
+            or global_batch < max(1, labels.shape[0])):
+        raise ValueError(f"global_batch must be an integer >= this rank's batch "
+                         f"({labels.shape[0]}) and >= 1, got {global_batch!r}")
     return nn.functional.binary_cross_entropy_with_logits(
         logits, labels.to(logits.dtype), reduction="sum") / global_batch
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from thinwire.cliargs import integer, number
 from thinwire.recsys.data import DATASETS, Dataset, rank_batches, synthetic
 
 log = logging.getLogger(__name__)
@@ -126,13 +127,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         choices=["lr", "fm", "wide_deep", "deepfm"])
     parser.add_argument("--methods", nargs="+", default=["des"],
                         choices=["des", "ps", "torchrec_tw", "torchrec_rw"])
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--max-steps", type=int, default=0, help="0: whole epochs")
-    parser.add_argument("--batch", type=int, default=1024, help="global batch size")
-    parser.add_argument("--k", type=int, default=8, help="embedding size")
-    parser.add_argument("--hidden", type=int, nargs="*", default=[64, 32])
+    parser.add_argument("--epochs", type=integer(1), default=1)
+    parser.add_argument("--max-steps", type=integer(0), default=0, help="0: whole epochs")
+    parser.add_argument("--batch", type=integer(1), default=1024, help="global batch size")
+    parser.add_argument("--k", type=integer(1), default=8, help="embedding size")
+    parser.add_argument("--hidden", type=integer(1), nargs="*", default=[64, 32],
+                        help="MLP layer widths (each >= 1; none: no hidden layer)")
     parser.add_argument("--optimizer", default="adagrad", choices=["sgd", "adagrad"])
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--lr", type=number(0, 1e3, low_open=True), default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     add_synthetic_arguments(parser)
 
@@ -142,12 +144,13 @@ SYNTHETIC_OPTIONS = ("samples", "fields", "vocab", "multi_hot", "zipf")
 
 def add_synthetic_arguments(parser: argparse.ArgumentParser, samples: int = 200_000) -> None:
     """The synthetic generator's options (SYNTHETIC_OPTIONS), shared with `bench des`."""
-    parser.add_argument("--samples", type=int, default=samples, help="synthetic: samples")
-    parser.add_argument("--fields", type=int, default=16, help="synthetic: fields")
-    parser.add_argument("--vocab", type=int, default=100_000, help="synthetic: ids per field")
-    parser.add_argument("--multi-hot", type=float, default=8.0,
+    parser.add_argument("--samples", type=integer(1), default=samples, help="synthetic: samples")
+    parser.add_argument("--fields", type=integer(1), default=16, help="synthetic: fields")
+    parser.add_argument("--vocab", type=integer(1), default=100_000,
+                        help="synthetic: ids per field")
+    parser.add_argument("--multi-hot", type=number(0, 1e4, low_open=True), default=8.0,
                         help="synthetic: mean ids per field")
-    parser.add_argument("--zipf", type=float, default=1.1,
+    parser.add_argument("--zipf", type=number(1, 100, low_open=True), default=1.1,
                         help="synthetic: Zipf exponent of the ids (> 1; closer to 1, fewer repeats)")
 
 

@@ -11,38 +11,47 @@ import argparse
 from pathlib import Path
 
 from thinwire.output import format_table, write_json_atomic
+from thinwire.cliargs import integer, number
+from thinwire.output import check_output_path
 from thinwire.sim import compute
 from thinwire.sim.collectives import AlgorithmConfig, Cluster, names as algorithm_names
 from thinwire.sim.iteration import SCALING_NODES, scaling, simulate
 from thinwire.sim.network import GBIT, NETWORKS, network
 from thinwire.sync import DEFAULT_BUCKET_BYTES
 
+# The cost model's time grows with the cluster: beyond these it is neither fast nor meaningful
+# (the largest GPU clusters have a few thousand nodes of at most a few dozen GPUs).
+MAX_NODES = 4096
+MAX_GPUS_PER_NODE = 64
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "simulate", help="cost model: predicted iteration time and scaling (or --calibrate)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nodes", type=int, default=16)
-    p.add_argument("--gpus-per-node", "--ranks-per-node", dest="gpus_per_node", type=int,
-                   default=8)
+    p.add_argument("--nodes", type=integer(1, MAX_NODES), default=16)
+    p.add_argument("--gpus-per-node", "--ranks-per-node", dest="gpus_per_node",
+                   type=integer(1, MAX_GPUS_PER_NODE), default=8)
     p.add_argument("--network", default="cloud-25g", help=f"one of {', '.join(NETWORKS)}")
-    p.add_argument("--inter-gbps", type=float, default=None,
+    p.add_argument("--inter-gbps", type=number(0, 1e5, low_open=True), default=None,
                    help="override the preset's inter-node goodput (Gbit/s)")
     p.add_argument("--model", default="resnet50",
                    help=f"one of {', '.join(compute.MODELS)}, or a JSON table of measured "
                         "per-layer times (params, forward_s, backward_s)")
     p.add_argument("--device", default="v100", help=f"one of {', '.join(compute.DEVICES)}")
-    p.add_argument("--tflops", type=float, default=None,
+    p.add_argument("--tflops", type=number(0, 1e6, low_open=True), default=None,
                    help="override the device's effective TFLOP/s")
-    p.add_argument("--batch-size", type=int, default=None, help="per GPU (default: per model)")
+    p.add_argument("--batch-size", type=integer(1, 1 << 20), default=None,
+                   help="per GPU (default: per model)")
     p.add_argument("--algorithm", action="append", default=None,
                    help=f"one of {', '.join(algorithm_names())}; repeat for several (default: all)")
-    p.add_argument("--density", type=float, default=0.01)
+    p.add_argument("--density", type=number(0, 1, low_open=True), default=0.01)
     p.add_argument("--wire", default="none", help="dense wire dtype: none, fp16, bf16")
-    p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_BYTES / 2**20)
+    p.add_argument("--bucket-mb", type=number(0, 10240, low_open=True),
+                   default=DEFAULT_BUCKET_BYTES / 2**20)
     p.add_argument("--no-overlap", action="store_true", help="communication after backward")
-    p.add_argument("--scaling-nodes", default=",".join(map(str, SCALING_NODES)),
+    p.add_argument("--scaling-nodes", type=_scaling_nodes,
+                   default=",".join(map(str, SCALING_NODES)),
                    help="node counts of the scaling table (comma-separated)")
     p.add_argument("--calibrate", nargs="+", metavar="RESULTS_JSON", default=None,
                    help="fit to `thinwire compare` results instead of simulating")
@@ -65,14 +74,20 @@ def _layers(args) -> tuple[list, int | None, str]:
     return compute.timed(table, flops, batch), batch, f"{args.device} at {flops / 1e12:g} TFLOP/s"
 
 
-def _node_list(text: str) -> list[int]:
+def _scaling_nodes(text: str) -> str:
+    """An argparse type: one or more comma-separated node counts in [1, MAX_NODES]."""
     try:
         nodes = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"scaling_nodes must be comma-separated integers, got {text!r}") from None
-    for m in nodes:
-        Cluster(m, 1)  # validates
-    return nodes
+        nodes = []
+    if not nodes or not all(1 <= m <= MAX_NODES for m in nodes):
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers in [1, {MAX_NODES}] "
+                                         f"(at least one), got {text!r}")
+    return text
+
+
+def _node_list(text: str) -> list[int]:
+    return [int(x) for x in _scaling_nodes(text).split(",") if x.strip()]
 
 
 def run_simulate(args) -> dict:
@@ -145,6 +160,9 @@ def main(args) -> int:
     default_plot = (Path(args.json).with_suffix(".png") if args.json
                     else Path("results/simulate.png"))
     plot_path = Path(args.plot) if args.plot else default_plot
+    check_output_path(args.json, "--json")  # before the work, not after it
+    if not args.no_plot:
+        check_output_path(plot_path, "--plot")
     if args.calibrate:
         from thinwire.sim.calibrate import calibrate
         for path in args.calibrate:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from dataclasses import asdict, dataclass, fields
 
 from thinwire import collectives
@@ -16,6 +17,9 @@ from thinwire.train import grad_sync, models
 OPTIMIZERS = ("sgd", "lars")
 AMP_MODES = ("none", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
+# Far above any useful peak (LARS's large-batch runs use up to ~30); beyond it the first step
+# overflows and the run ends in a traceback from deep inside instead of this check.
+MAX_LR = 1e3
 
 
 @dataclass
@@ -62,10 +66,19 @@ class TrainConfig:
         _choice("--device", self.device, DEVICES)
         if self.lr is not None:
             _positive("--lr", self.lr)
+            if self.lr > MAX_LR:
+                raise ValueError(f"--lr must be a number in (0, {MAX_LR:g}], got {self.lr!r}")
         for name in ("momentum", "weight_decay"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"--{name.replace('_', '-')} must be a number >= 0, got {value!r}")
+        if not self.momentum < 1:  # a momentum >= 1 never forgets: the steps grow without bound
+            raise ValueError(f"--momentum must be a number in [0, 1), got {self.momentum!r}")
+        for name in ("checkpoint", "resume"):
+            path = getattr(self, name)
+            if path is not None and os.path.exists(path) and not os.path.isdir(path):
+                raise ValueError(f"--{name} must be a directory (one file per rank inside), "
+                                 f"got {path!r}, which is a file")
         _integer("--epochs", self.epochs, 1)
         _integer("--batch-size", self.batch_size, 1)
         for name in ("max_iters", "stop_after", "checkpoint_every", "eval_every",

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from thinwire.output import check_output_path
 from thinwire.optim import LARS, param_groups, warmup_cosine, warmup_poly
 from thinwire.train import checkpoint, checkpoint_checks, data, grad_sync, models
 from thinwire.train.config import TrainConfig
@@ -42,6 +43,8 @@ LARS_DEFAULT_LR = 2.0
 def train(cfg: TrainConfig) -> dict:
     """Run ``cfg``; returns the summary on rank 0 (an empty dict on other ranks)."""
     cfg.validate()
+    for path, param in ((cfg.summary, "--summary"), (cfg.metrics, "--metrics")):
+        check_output_path(path, param)  # before training, not after it
     device = _device(cfg)
     owns_group = _init_distributed(device)
     try:

@@ -8,6 +8,8 @@ import numpy as np
 
 from thinwire.recsys.cpr.overhead import check_n_emb, check_positive
 
+MAX_EXPECTED_FAILURES = 1e6
+
 
 @dataclass(frozen=True)
 class Failure:
@@ -20,6 +22,9 @@ def failure_schedule(mtbf: float, horizon: float, n_emb: int, seed: int) -> list
     mtbf = check_positive("mtbf", mtbf)
     horizon = check_positive("horizon", horizon, allow_zero=True)
     check_n_emb(n_emb)
+    if horizon / mtbf > MAX_EXPECTED_FAILURES:  # also keeps the loop finite (t += tiny gaps)
+        raise ValueError(f"horizon / mtbf = {horizon / mtbf:.3g} expected failures; at most "
+                         f"{MAX_EXPECTED_FAILURES:g} allowed (mtbf={mtbf!r}, horizon={horizon!r})")
     rng = np.random.default_rng([seed, 0xC9])
     out, t = [], 0.0
     while True:

@@ -1,0 +1,63 @@
+"""Checked command-line values: argparse types that refuse what a command cannot use, and output
+paths checked before the work starts.
+
+An argparse ``type=`` that raises `argparse.ArgumentTypeError` ends the command with
+``error: argument --epochs: must be an integer >= 1, got '0'`` (the parameter, the value and
+what is allowed), never a traceback halfway through, nor a value accepted silently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from thinwire.output import OutputPathError, check_output_path
+
+__all__ = ["OutputPathError", "check_output_path", "device", "integer", "number"]
+
+
+def integer(low: int, high: int | None = None):
+    """An argparse type: an integer in [low, high]."""
+    allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {text!r}")
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
+def number(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+           high_open: bool = False):
+    """An argparse type: a finite float in the given interval (open or closed at each end)."""
+    left = "(" if low_open else "["
+    right = ")" if high_open else "]"
+    allowed = (f"a finite number in {left}{'-inf' if low is None else f'{low:g}'}, "
+               f"{'inf' if high is None else f'{high:g}'}{right}")
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {text!r}") from None
+        bad = (not math.isfinite(value)
+               or (low is not None and (value <= low if low_open else value < low))
+               or (high is not None and (value >= high if high_open else value > high)))
+        if bad:
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {text!r}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+def device(text: str) -> str:
+    """An argparse type: ``cpu``, ``cuda`` or ``cuda:N`` (the devices thinwire runs on)."""
+    name, _, index = text.partition(":")
+    if name == "cpu" and not index or name == "cuda" and (not index or index.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"must be cpu, cuda or cuda:N, got {text!r}")
