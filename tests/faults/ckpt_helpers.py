@@ -68,3 +68,97 @@ def evil_framed(path: Path, marker: Path, rank: int = 0) -> None:
     payload = buffer.getvalue()
     path.write_bytes(checkpoint.MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n"
                      + payload)
+
+
+CLI_ARGS = ["--model", "mlp", "--algorithm", "hitopk", "--density", "0.05", "--max-iters", "6",
+            "--batch-size", "16", "--no-progress", "--compute-probe-iters", "0",
+            "--log-every", "100", "--eval-every", "0"]
+
+
+def launch(world: int, args: list[str], timeout_s: float = 180.0) -> list[tuple[int, str]]:
+    """``python -m thinwire.train ARGS`` on ``world`` ranks on loopback (the environment
+    torchrun gives, without its agent); (exit status, stderr) per rank. A rank still running
+    after ``timeout_s`` is killed and reported with status None (a hang)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    procs = []
+    for rank in range(world):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, "-m", "thinwire.train", *CLI_ARGS, *args],
+                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True))
+    deadline = time.monotonic() + timeout_s
+    out = []
+    for proc in procs:
+        try:
+            _, err = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
+            out.append((proc.returncode, err))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            out.append((None, err))
+    return out
+
+
+def damages() -> dict:
+    """name -> (damage applied to a checkpoint file, what the refusal must say)."""
+    def set_field(field, value):
+        return lambda p: rewrite(p, lambda d: d.__setitem__(field, value))
+
+    def model_shape(p):
+        def change(d):
+            key = next(iter(d["model"]))
+            d["model"][key] = torch.zeros(3, 3)
+        rewrite(p, change)
+
+    def optimizer_shape(p):
+        def change(d):
+            d["optimizer"]["state"] = {0: {"momentum_buffer": torch.zeros(7)}}
+        rewrite(p, change)
+
+    def residual_type(p):
+        rewrite(p, lambda d: d["hook"]["feedback"]["residuals"].__setitem__(0, "junk"))
+
+    return {
+        "flipped-bytes": (flip_bytes, "checksum mismatch"),
+        "truncated": (lambda p: p.write_bytes(p.read_bytes()[:1000]), "checksum mismatch"),
+        "empty": (lambda p: p.write_bytes(b""), "empty file"),
+        "foreign-bytes": (lambda p: p.write_bytes(b"\x89PNG\r\n" + bytes(500)), "bad header"),
+        "plain-torch-save": (lambda p: torch.save({"model": {}}, p), "bad header"),
+        "other-rank-file": (lambda p: p.write_bytes(safefile.encode(
+            checkpoint.read(p, 0), checkpoint.MAGIC, checkpoint.file_key(1))),
+            "belongs to 'train/rank1'"),
+        "position-1e9": (set_field("position", 10 ** 9), "'position'"),
+        "step-negative": (set_field("step", -7), "'step'"),
+        "step-float": (set_field("step", 4.5), "'step'"),
+        "model-shape": (model_shape, "shape"),
+        "optimizer-shape": (optimizer_shape, "optimizer.state[0].momentum_buffer"),
+        "hook-residual-not-tensor": (residual_type, "hook.feedback.residuals[0]"),
+        "metrics-missing": (lambda p: rewrite(p, lambda d: d.pop("metrics")), "'metrics'"),
+    }
+
+
+def steps_per_epoch() -> int:
+    from thinwire.train import data, models
+    return len(data.rank_batches(len(data.load(models.data_name("mlp"))), 16, 0, 1, 0, 0))
+
+
+def model_and_optimizer():
+    from thinwire.train import loop, models
+    cfg = config()
+    module = models.build(cfg.model, cfg.seed)
+    opt, _ = loop._optimizer(cfg, module, 6)
+    return module, opt
+
+
+def fits(module, opt):
+    from thinwire.train import loop
+    return loop._fits(config(), module, opt)

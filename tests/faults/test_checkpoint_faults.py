@@ -50,53 +50,12 @@ def test_crafted_pickle_does_not_run(run_dir, tmp_path, framed):
     assert "rank0.pt" in str(err.value)
 
 
-def _fallback_case(name):
-    """(damage applied to rank0.pt, message expected in the warning)."""
-    def set_field(field, value):
-        return lambda p: H.rewrite(p, lambda d: d.__setitem__(field, value))
-
-    def model_shape(p):
-        def change(d):
-            key = next(iter(d["model"]))
-            d["model"][key] = torch.zeros(3, 3)
-        H.rewrite(p, change)
-
-    def optimizer_shape(p):
-        def change(d):
-            d["optimizer"]["state"] = {0: {"momentum_buffer": torch.zeros(7)}}
-        H.rewrite(p, change)
-
-    def residual_type(p):
-        H.rewrite(p, lambda d: d["hook"]["feedback"]["residuals"].__setitem__(0, "junk"))
-
-    return {
-        "flipped-bytes": (H.flip_bytes, "checksum mismatch"),
-        "truncated": (lambda p: p.write_bytes(p.read_bytes()[:1000]), "checksum mismatch"),
-        "empty": (lambda p: p.write_bytes(b""), "empty file"),
-        "foreign-bytes": (lambda p: p.write_bytes(b"\x89PNG\r\n" + bytes(500)), "bad header"),
-        "plain-torch-save": (lambda p: torch.save({"model": {}}, p), "bad header"),
-        "other-rank-file": (lambda p: p.write_bytes(safefile.encode(
-            checkpoint.read(p, 0), checkpoint.MAGIC, checkpoint.file_key(1))),
-            "belongs to 'train/rank1'"),
-        "position-1e9": (set_field("position", 10 ** 9), "'position'"),
-        "step-negative": (set_field("step", -7), "'step'"),
-        "step-float": (set_field("step", 4.5), "'step'"),
-        "model-shape": (model_shape, "shape"),
-        "optimizer-shape": (optimizer_shape, "optimizer.state[0].momentum_buffer"),
-        "hook-residual-not-tensor": (residual_type, "hook.feedback.residuals[0]"),
-        "metrics-missing": (lambda p: H.rewrite(p, lambda d: d.pop("metrics")), "'metrics'"),
-    }[name]
-
-
-FALLBACK_CASES = ["flipped-bytes", "truncated", "empty", "foreign-bytes", "plain-torch-save",
-                  "other-rank-file", "position-1e9", "step-negative", "step-float",
-                  "model-shape", "optimizer-shape", "hook-residual-not-tensor",
-                  "metrics-missing"]
+FALLBACK_CASES = list(H.damages())
 
 
 @pytest.mark.parametrize("case", FALLBACK_CASES)
 def test_damaged_newest_falls_back_to_previous(run_dir, case, caplog):
-    damage, reason = _fallback_case(case)
+    damage, reason = H.damages()[case]
     damage(rank_file(run_dir, 0))
     module, opt = _model_and_optimizer()
     with caplog.at_level(logging.WARNING):
@@ -109,7 +68,7 @@ def test_damaged_newest_falls_back_to_previous(run_dir, case, caplog):
 
 @pytest.mark.parametrize("case", ["flipped-bytes", "truncated", "position-1e9", "model-shape"])
 def test_both_damaged_is_a_clear_error(run_dir, case):
-    damage, reason = _fallback_case(case)
+    damage, reason = H.damages()[case]
     damage(rank_file(run_dir, 0))
     damage(previous_file(run_dir, 0))
     module, opt = _model_and_optimizer()
@@ -151,19 +110,4 @@ def test_kill_between_renames_leaves_a_loadable_previous(run_dir):
     assert payload["step"] == 4
 
 
-def _steps() -> int:
-    from thinwire.train import data, models
-    return len(data.rank_batches(len(data.load(models.data_name("mlp"))), 16, 0, 1, 0, 0))
-
-
-def _model_and_optimizer():
-    from thinwire.train import loop, models
-    cfg = H.config()
-    module = models.build(cfg.model, cfg.seed)
-    opt, _ = loop._optimizer(cfg, module, 6)
-    return module, opt
-
-
-def _check(module, opt):
-    from thinwire.train import loop
-    return loop._fits(H.config(), module, opt)
+_steps, _model_and_optimizer, _check = H.steps_per_epoch, H.model_and_optimizer, H.fits
