@@ -143,6 +143,9 @@ def damages() -> dict:
         "optimizer-shape": (optimizer_shape, "optimizer.state[0].momentum_buffer"),
         "hook-residual-not-tensor": (residual_type, "hook.feedback.residuals[0]"),
         "metrics-missing": (lambda p: rewrite(p, lambda d: d.pop("metrics")), "'metrics'"),
+        "scheduler-setting-type": (lambda p: rewrite(p, lambda d: d["scheduler"]["lr_lambdas"][0]
+                                                     .__setitem__("total_steps", "six")),
+                                   "scheduler.lr_lambdas[0]"),
     }
 
 
@@ -155,10 +158,10 @@ def model_and_optimizer():
     from thinwire.train import loop, models
     cfg = config()
     module = models.build(cfg.model, cfg.seed)
-    opt, _ = loop._optimizer(cfg, module, 6)
-    return module, opt
+    opt, sched = loop._optimizer(cfg, module, 6)
+    return module, (opt, sched)
 
 
-def fits(module, opt):
+def fits(module, opt_and_sched):
     from thinwire.train import loop
-    return loop._fits(config(), module, opt)
+    return loop._fits(config(), module, *opt_and_sched)

@@ -120,6 +120,22 @@ def check_optimizer(saved: dict, optimizer: torch.optim.Optimizer) -> None:
                          type(value).__name__)
 
 
+def check_scheduler(saved: dict, scheduler) -> None:
+    """The schedule's position and its factor's settings (LambdaLR copies them into the
+    factor objects on load, so a wrong type would fail at the next step)."""
+    mine = scheduler.state_dict()
+    _require(_is_int(saved.get("last_epoch")) and saved["last_epoch"] >= 0,
+             "scheduler.last_epoch", "an integer >= 0", saved.get("last_epoch"))
+    lambdas, expected = saved.get("lr_lambdas"), mine.get("lr_lambdas")
+    _require(isinstance(lambdas, list) and len(lambdas) == len(expected),
+             "scheduler.lr_lambdas", f"a list of {len(expected)}", type(lambdas).__name__)
+    for index, (theirs, ours) in enumerate(zip(lambdas, expected)):
+        ours = ours or {}
+        _require(isinstance(theirs, dict) and set(theirs) == set(ours)
+                 and all(type(theirs[k]) is type(v) for k, v in ours.items()),
+                 f"scheduler.lr_lambdas[{index}]", f"settings {sorted(ours)}", theirs)
+
+
 def _check_tensor_dict(value, field: str, most: int) -> None:
     _require(isinstance(value, dict), field, "a dict of bucket index -> tensor",
              type(value).__name__)

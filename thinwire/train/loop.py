@@ -162,13 +162,14 @@ def evaluate(cfg, module, ds, device) -> tuple[float, float]:
     return float(totals[0] / totals[1]), float(totals[2] / totals[1])
 
 
-def _fits(cfg: TrainConfig, module: torch.nn.Module, opt):
+def _fits(cfg: TrainConfig, module: torch.nn.Module, opt, sched):
     """The check a checkpoint passes before any of it is loaded (else the previous one is)."""
     numel = sum(p.numel() for p in module.parameters())
 
     def check(payload: dict) -> None:
         checkpoint_checks.check_model(payload["model"], module)
         checkpoint_checks.check_optimizer(payload["optimizer"], opt)
+        checkpoint_checks.check_scheduler(payload["scheduler"], sched)
         checkpoint_checks.check_hook(payload.get("hook"), cfg.algorithm,
                                      grad_sync.is_thinwire(cfg.algorithm), numel)
     return check
@@ -185,7 +186,7 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
         total_steps = min(total_steps, cfg.max_iters)
     opt, sched = _optimizer(cfg, module, total_steps)
     saved = checkpoint.load(cfg.resume, rank, cfg, world, steps_per_epoch=steps_per_epoch,
-                            check=_fits(cfg, module, opt)) if cfg.resume else None
+                            check=_fits(cfg, module, opt, sched)) if cfg.resume else None
     if saved is not None:
         module.load_state_dict(saved["model"])
     model = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda"
