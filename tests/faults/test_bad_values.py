@@ -34,3 +34,22 @@ def test_the_classifier_can_fail(scratch):
     assert cases.classify_cli_inprocess(wrong, scratch)[0] == "traceback"
     hang = cases.ApiCase("sleeps", lambda t: __import__("time").sleep(5), "x", timeout_s=0.2)
     assert cases.classify_api(hang, scratch)[0] == "hang"
+
+
+def test_json_write_failure_names_the_path_asked_for(scratch, monkeypatch):
+    """A write that fails after the check (the disk filled, the folder went away) is reported
+    with the path the user gave, not the temporary file's name."""
+    import os
+
+    from thinwire import output
+
+    target = scratch / "out" / "r.json"
+    output.check_output_path(target, "--json")
+
+    def refuse(src, dst):
+        raise PermissionError(13, "Permission denied", src)
+
+    monkeypatch.setattr(output.os, "replace", refuse)
+    with pytest.raises(output.OutputPathError, match=f"cannot write {target}: Permission denied"):
+        output.write_json_atomic(target, {"a": 1})
+    assert not [p for p in os.listdir(target.parent) if p.endswith(".tmp")]
