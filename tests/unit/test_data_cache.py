@@ -282,7 +282,8 @@ def test_warm_command_fills_the_disk_cache(records, tmp_path, capsys):
     with CachedDataset(urls, memory_bytes=0, disk_dir=tmp_path / "l2",
                        disk_bytes=20 * 1024) as ds:
         got, _ = _epoch(ds, 0)
-        assert ds.stats.l2.hits == 20 * 1024 // (SIZE + tiers.ENTRY_OVERHEAD)   # static: as many as fit
+        # static: as many as fit
+        assert ds.stats.l2.hits == 20 * 1024 // (SIZE + tiers.ENTRY_OVERHEAD)
 
 
 def test_inputs_are_checked(records, tmp_path):

@@ -10,12 +10,13 @@ Both are bounded in bytes and follow one of two policies (PAPERS.md 1c):
 
 The disk tier is shared by every process of a node (DataLoader workers, ranks) and survives
 restarts. Entries are written to a temporary file and renamed into place, so a reader sees a
-whole entry or none; each entry carries the SHA-256 of its key and a CRC32 of its payload, checked
-on every read, and a file that fails the check (bit rot, truncation, a crash before the data reached the
-disk, an entry copied under another key's name) is deleted and reported as a miss, never
-returned. A directory that cannot be written (permissions, a read-only mount) turns the tier
-off for writes with one warning; reads carry on from memory and the remote store. The byte budget is kept in a small `usage` file
-updated under an exclusive `flock`, so concurrent processes never overshoot it.
+whole entry or none; each entry carries the SHA-256 of its key and a CRC32 of its payload,
+checked on every read, and a file that fails the check (bit rot, truncation, a crash before the
+data reached the disk, an entry copied under another key's name) is deleted and reported as a
+miss, never returned. A directory that cannot be written (permissions, a read-only mount) turns
+the tier off for writes with one warning; reads carry on from memory and the remote store. The
+byte budget is kept in a small `usage` file updated under an exclusive `flock`, so concurrent
+processes never overshoot it.
 """
 
 from __future__ import annotations
