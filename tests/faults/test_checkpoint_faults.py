@@ -111,3 +111,22 @@ def test_kill_between_renames_leaves_a_loadable_previous(run_dir):
 
 
 _steps, _model_and_optimizer, _check = H.steps_per_epoch, H.model_and_optimizer, H.fits
+
+
+def test_powersgd_generator_round_trips_and_bad_state_is_refused():
+    import numpy as np
+
+    from thinwire.train.checkpoint_checks import CheckpointMismatch, rng_from_plain, rng_to_plain
+    rng = np.random.RandomState(7)
+    rng.standard_normal(5)  # leaves a cached Gaussian behind
+    plain = rng_to_plain(rng)
+    again = rng_from_plain(plain)
+    assert np.array_equal(again.standard_normal(9), rng.standard_normal(9))
+    for change in ({"pos": 10 ** 6}, {"keys": torch.zeros(3, dtype=torch.int64)},
+                   {"bit_generator": "PCG64"}, {"cached_gaussian": "x"}):
+        with pytest.raises(CheckpointMismatch, match="hook.rng"):
+            rng_from_plain({**plain, **change})
+    broken = dict(plain)
+    broken.pop("has_gauss")
+    with pytest.raises(CheckpointMismatch, match="hook.rng"):
+        rng_from_plain(broken)

@@ -32,12 +32,15 @@ def rng_to_plain(rng: np.random.RandomState) -> dict:
 def rng_from_plain(state: dict) -> np.random.RandomState:
     _require(isinstance(state, dict) and state.get("bit_generator") == "MT19937",
              "hook.rng", "a MT19937 state", type(state).__name__)
-    keys = state["keys"]
-    _require(isinstance(keys, torch.Tensor) and keys.shape == (624,)
+    keys = state.get("keys")
+    _require(isinstance(keys, torch.Tensor) and keys.shape == (624,) and keys.dtype == torch.int64
              and bool(((keys >= 0) & (keys < 2 ** 32)).all()), "hook.rng.keys",
              "624 integers in [0, 2**32)", getattr(keys, "shape", keys))
-    _require(_is_int(state["pos"]) and 0 <= state["pos"] <= 624, "hook.rng.pos", "[0, 624]",
-             state["pos"])
+    _require(_is_int(state.get("pos")) and 0 <= state["pos"] <= 624, "hook.rng.pos",
+             "an integer in [0, 624]", state.get("pos"))
+    _require(_is_int(state.get("has_gauss")) and isinstance(state.get("cached_gaussian"), float),
+             "hook.rng", "has_gauss (int) and cached_gaussian (float)",
+             (state.get("has_gauss"), state.get("cached_gaussian")))
     rng = np.random.RandomState()
     rng.set_state(("MT19937", keys.numpy().astype(np.uint32), state["pos"],
                    int(state["has_gauss"]), float(state["cached_gaussian"])))
