@@ -75,8 +75,9 @@ def check_fields(payload, steps_per_epoch: int, epochs: int) -> None:
              f"epoch x {steps_per_epoch} + position = {expected}", payload["step"])
     metrics = payload["metrics"]
     _require(isinstance(metrics.get("train_time_s"), (int, float))
-             and isinstance(metrics.get("curve"), list), "metrics",
-             "{'train_time_s': number, 'curve': list}", sorted(metrics))
+             and isinstance(metrics.get("curve"), list)
+             and all(isinstance(point, dict) for point in metrics["curve"]), "metrics",
+             "{'train_time_s': number, 'curve': list of dicts}", sorted(metrics))
     _require(payload.get("scaler") is None or isinstance(payload["scaler"], dict), "scaler",
              "None or a dict", type(payload.get("scaler")).__name__)
 
