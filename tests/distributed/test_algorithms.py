@@ -146,12 +146,13 @@ def _check_bytes(results, algorithm, m, n, refs):
                 inter += volume if last_local else 0
                 intra += 0 if last_local else volume
                 continue
-            if algorithm == "oktopk":  # rebalance all-reduce, 2 count exchanges, the sparse
-                # reduce, every owner's nonzero sums to every rank (tau = 1: the estimate step)
-                volume = 2 * (w - 1) / w * (w - 1) * 8
+            if algorithm == "oktopk":  # rebalance all-reduce, all-gather of the owners'
+                # counts, count exchange and sparse reduce, every owner's nonzero sums to every
+                # rank (tau = 1: the estimate step)
+                volume = 2 * (w - 1) / w * (w - 1) * 8 + (w - 1) * 8
                 inter += volume if last_local else 0
                 intra += 0 if last_local else volume
-                for blocks in ([8] * w, [8] * w,
+                for blocks in ([8] * w,
                                [_packed(c, b) for c in ref.sent_counts[rank]],
                                [_packed(ref.region_nonzeros[rank], b)] * w):
                     got = _alltoall(rank, n, blocks)

@@ -81,7 +81,8 @@ def sparse_allgather(state, bucket_index: int, corrected: torch.Tensor, group, g
                                                                                numel)
 
 
-def sparse_alltoall(state, parts, numel: int, group, phase: str, equal_sizes: bool = False):
+def sparse_alltoall(state, parts, numel: int, group, phase: str, equal_sizes: bool = False,
+                    received_counts: list[int] | None = None):
     """Send ``parts[s]`` = (values, indices < numel) to member ``s`` of ``group``, all in one
     packed all-to-all; returns (what each member sent here, in member order; the bytes sent to
     each member).
@@ -90,10 +91,13 @@ def sparse_alltoall(state, parts, numel: int, group, phase: str, equal_sizes: bo
     receiver knows their sizes. Otherwise the entry counts are exchanged first by a small
     all-to-all (8 bytes per member, recorded by the caller): gloo's all-to-all takes uneven
     splits, so only the bytes each block needs travel, never padding to the largest block.
+    A caller that knows what each member sends passes ``received_counts`` instead.
     """
     dtype, device = parts[0][0].dtype, parts[0][0].device
     counts = torch.tensor([v.numel() for v, _ in parts], dtype=torch.int64, device=device)
-    if equal_sizes:
+    if received_counts is not None:
+        received_counts = torch.tensor(received_counts, dtype=torch.int64)
+    elif equal_sizes:
         received_counts = counts
     else:
         received_counts = torch.empty_like(counts)
