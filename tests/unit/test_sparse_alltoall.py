@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from thinwire.collectives import costs, traffic
+from thinwire.collectives import traffic
 from thinwire.compress import packed_bytes
 from thinwire.sim.collectives import AlgorithmConfig, Cluster, SparseRates, bucket_cost
 from thinwire.sim.network import Link, Network
