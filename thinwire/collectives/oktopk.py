@@ -105,11 +105,11 @@ def _balanced_bounds(state, local: torch.Tensor, numel: int) -> list[int]:
     return [0, *torch.div(points, p, rounding_mode="floor").tolist(), numel]
 
 
-def _gather_counts(state, count: int, phase: str) -> list[int]:
+def _gather_counts(state, count: int, phase: str, device) -> list[int]:
     """Every rank's ``count``, on every rank (one all-gather of an int64)."""
     topo = state.topology
-    mine = torch.tensor([count], dtype=torch.int64)
-    every = torch.empty(topo.world_size, dtype=torch.int64)
+    mine = torch.tensor([count], dtype=torch.int64, device=device)
+    every = torch.empty(topo.world_size, dtype=torch.int64, device=device)
     with state.timer(phase):
         dist.all_gather_single(every, mine, group=topo.world)
     state.record(traffic.world_allgather(topo, COUNT_BYTES))
@@ -167,7 +167,7 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     else:
         with state.timer("select"):
             mine = _at_least(region, memory["global_threshold"])
-    counts = _gather_counts(state, mine.numel(), phase)
+    counts = _gather_counts(state, mine.numel(), phase, flat.device)
     # Every rank knows every count (and later holds the same gathered entries), so each
     # decision below is the same on every rank without a message.
     capped = not estimate and sum(counts) > 5 * k / 4
