@@ -63,6 +63,7 @@ class SyncState:
       zero bucket on every rank, keeps the residuals as they were, and sets
       ``last_step["nonfinite"]`` on every rank: skip ``optimizer.step()`` then, as GradScaler
       does (its other buckets were sent as usual; their step is dropped with it).
+    * ``algorithm_options``: the algorithm's own settings (e.g. oktopk's ``tau``), checked by it.
     """
 
     def __init__(self, topology, algorithm: str = "hitopk", density: float = 0.01,
@@ -70,11 +71,14 @@ class SyncState:
                  wire: str | None = None, error_feedback: bool = True,
                  dense_below_bytes: int = DEFAULT_DENSE_BELOW_BYTES,
                  momentum_correction: float = 0.0, dense_iterations: int = 0,
-                 weight_decay: float = 0.0, nonfinite: str = "raise"):
+                 weight_decay: float = 0.0, nonfinite: str = "raise",
+                 algorithm_options: dict | None = None):
         spec = collectives.get(algorithm)
         if not isinstance(error_feedback, bool):
             raise ValueError(f"error_feedback must be True or False, got {error_feedback!r}")
         self.algorithm = algorithm
+        self.algorithm_options = spec.check_options(algorithm_options)
+        self.algorithm_state: dict = {}  # per bucket, the algorithm's own (e.g. thresholds)
         self.compressor = TopK(density, selector, dict(selector_options or {}))
         self.wire = None if wire in (None, "none") else wire
         self.wire_dtype = wire_dtype(wire)
@@ -112,7 +116,8 @@ class SyncState:
                 "dense_below_bytes": self.dense_below_bytes,
                 "momentum_correction": self.feedback.momentum,
                 "dense_iterations": self.dense_iterations, "weight_decay": self.weight_decay,
-                "nonfinite": self.nonfinite}
+                "nonfinite": self.nonfinite,
+                "algorithm_options": dict(self.algorithm_options)}
 
     # ------------------------------------------------------------------ the algorithm
 
@@ -213,7 +218,8 @@ class SyncState:
     def __setstate__(self, state):
         # settings added later keep their old behaviour in pickles written before them
         for name, default in (("nonfinite", "raise"), ("dense_iterations", 0),
-                              ("weight_decay", 0.0), ("_bucket", None)):
+                              ("weight_decay", 0.0), ("_bucket", None),
+                              ("algorithm_options", {}), ("algorithm_state", {})):
             state.setdefault(name, default)
         state.setdefault("error_feedback", bool(state["feedback"].get("enabled", True)))
         feedback = ErrorFeedback()
@@ -224,7 +230,8 @@ class SyncState:
 
     def state_dict(self) -> dict:
         """Plain tensors and numbers (loads with ``torch.load(weights_only=True)``)."""
-        return {**self.settings, "steps": self.steps, "feedback": self.feedback.state_dict()}
+        return {**self.settings, "steps": self.steps, "feedback": self.feedback.state_dict(),
+                "algorithm_state": {i: dict(s) for i, s in self.algorithm_state.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         """Residuals and step count of a checkpoint whose identity settings equal this state's
@@ -246,6 +253,8 @@ class SyncState:
             raise ValueError(f"SyncState checkpoint: steps must be an int >= 0, got {steps!r}")
         self.steps = steps
         self.feedback.load_state_dict(state["feedback"])
+        self.algorithm_state = {int(i): dict(s)
+                                for i, s in state.get("algorithm_state", {}).items()}
 
 
 def _empty_step() -> dict:
