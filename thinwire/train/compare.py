@@ -201,7 +201,7 @@ class _StepWatcher:
             self._thread.join()
 
     def _follow(self):
-        offset, step, seconds = 0, 0, 0.0
+        offset, step, seconds, shown = 0, 0, 0.0, 0
         while not self._stop.wait(1.0):
             try:
                 with open(self.path) as handle:
@@ -218,7 +218,8 @@ class _StepWatcher:
                     continue
                 if record.get("event") == "step":
                     step, seconds = record["step"], record["train_time_s"]
-            if step:
+            if step and step != shown:
+                shown = step
                 self.bar.set_postfix_str(f"{self.label}: step {step}/{self.total}, "
                                          f"{seconds:.0f} s trained")
 

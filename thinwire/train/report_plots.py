@@ -83,13 +83,12 @@ def _focus(setting: dict, runs: list[dict]) -> tuple[float, float]:
               if p.get(metric) is not None]
     if not values:
         return (0, 100) if metric == "test_accuracy" else (0, 8)
-    if quality.METRICS[metric].higher_is_better:
+    if quality.METRICS[metric].higher_is_better:  # accuracy, in %
         best = max(values)
-        low = min(target - 2 * (best - target) - 1, target - 3)
-        return max(low, min(values)), min(best + 0.25 * (best - low) / 4 + 0.5, 100.5)
+        return max(min(values), target - max(8.0, 2 * (best - target))), min(best + 1.0, 100.5)
     best = min(values)
-    high = max(target + 2 * (target - best) + 0.2, target + 0.5)
-    return best - 0.05 * (high - best) - 0.05, min(high, max(values))
+    high = target + max(1.0, 2 * (target - best))
+    return best - 0.1 * (high - best), min(high, max(values))
 
 
 def quality_vs_time(results: dict, out: Path) -> str:
@@ -136,7 +135,7 @@ def _bars(results: dict, out: Path, key: str, fname: str, ylabel: str, title: st
         bars = ax.bar(xs, ys, width, label=f"inter-node {rate}" if len(groups) > 1 else None)
         for bar, name, y in zip(bars, algorithms, ys):
             if y:
-                text = fmt(y) + (f"\n{y / ddp:.2f}x ddp" if ratio_to_ddp and ddp else "")
+                text = fmt(y) + (f"\n{y / ddp:.3g}x ddp" if ratio_to_ddp and ddp else "")
                 ax.annotate(text, (bar.get_x() + bar.get_width() / 2, y), ha="center",
                             va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
     ax.set_xticks([a + width * (len(groups) - 1) / 2 for a in range(len(algorithms))],
