@@ -139,3 +139,19 @@ def test_results_are_written_readable_by_everyone(tmp_path):
     write_json(tmp_path / "results.json", {"a": 1})
     mode = stat.S_IMODE((tmp_path / "results.json").stat().st_mode)
     assert mode & 0o044 == 0o044 and json.loads((tmp_path / "results.json").read_text())
+
+
+def test_compare_help_shows_a_default_for_every_option():
+    from thinwire.cli import build_parser
+
+    parser = build_parser()
+    compare_parser = next(a for a in parser._subparsers._group_actions
+                          if hasattr(a, "choices") and a.choices and "compare" in a.choices
+                          ).choices["compare"]
+    text = compare_parser.format_help()
+    assert "--budget-s" in text and "--workload" in text and "--tune" in text
+    for action in compare_parser._actions:
+        if action.dest in ("help", "out"):  # --out is required: no default to show
+            continue
+        help_text = compare_parser._get_formatter()._expand_help(action) if action.help else ""
+        assert "default" in help_text, (action.option_strings, help_text)
