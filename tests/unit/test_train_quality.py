@@ -155,3 +155,26 @@ def test_compare_help_shows_a_default_for_every_option():
             continue
         help_text = compare_parser._get_formatter()._expand_help(action) if action.help else ""
         assert "default" in help_text, (action.option_strings, help_text)
+
+
+def test_tuning_gives_every_method_the_same_grid_on_another_seed(monkeypatch, tmp_path):
+    from thinwire.train import compare as compare_mod
+
+    outcomes = {0.025: (None, 0.90), 0.05: (30.0, 0.93), 0.1: (20.0, 0.94)}
+    seen = []
+
+    def fake_run(settings, cfg, rate, out, bar=None, tag=""):
+        seen.append((cfg.algorithm, cfg.lr, cfg.seed, cfg.budget_s, tag))
+        t, q = outcomes[cfg.lr]
+        return {"status": "ok", "time_to_target_s": t, "quality_at_budget": q}
+
+    monkeypatch.setattr(compare_mod, "run_one", fake_run)
+    s = CompareSettings(algorithms=["ddp", "hitopk"], tune=True, lr_grid=(0.5, 1.0, 2.0),
+                        train={"seed": 3}).validate()
+    chosen = [compare_mod.tune_lr(s, a, "200mbit", tmp_path) for a in s.algorithms]
+    assert [c["chosen_lr"] for c in chosen] == [0.1, 0.1]  # the soonest to the target
+    assert {x[2] for x in seen} == {4} and {x[3] for x in seen} == {s.resolved_budget()}
+    assert sorted(x[1] for x in seen if x[0] == "hitopk") == [0.025, 0.05, 0.1]
+    # nobody reached the target: the best quality at the budget decides
+    outcomes.update({0.05: (None, 0.91), 0.1: (None, 0.85)})
+    assert compare_mod.tune_lr(s, "ddp", "200mbit", tmp_path)["chosen_lr"] == 0.05
