@@ -23,6 +23,8 @@ def test_time_to_target_is_the_first_evaluation_at_or_past_it():
     assert quality.time_to_target(ACC, "test_accuracy", 0.9) == 3.0
     assert quality.time_to_target(ACC, "test_accuracy", 0.85) == 2.0  # equal counts
     assert quality.time_to_target(ACC, "test_accuracy", 0.95) is None
+    assert quality.time_to_target(ACC, "test_accuracy", 0.9, budget_s=3.0) == 3.0
+    assert quality.time_to_target(ACC, "test_accuracy", 0.9, budget_s=2.5) is None  # too late
     assert quality.resolution_s(ACC, "test_accuracy", 0.9) == 1.0
     assert quality.resolution_s(ACC, "test_accuracy", 0.5) == 1.0  # from the start
     # lower is better for bits per byte

@@ -165,7 +165,8 @@ class Metrics:
             "target_accuracy": cfg.target_accuracy,
             "metric": self.metric, "target": self.target, "budget_s": self.budget_s,
             "stop_reason": self.stop_reason or ("stopped" if stopped else "end"),
-            "time_to_target_s": quality.time_to_target(self.curve, self.metric, self.target)
+            "time_to_target_s": quality.time_to_target(self.curve, self.metric, self.target,
+                                                       self.budget_s)
             if self.target is not None else None,
             "time_to_target_resolution_s": quality.resolution_s(self.curve, self.metric,
                                                                 self.target)

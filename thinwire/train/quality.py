@@ -65,10 +65,15 @@ def check_budget(budget_s: float, param: str = "--budget-s") -> float:
     return float(budget_s)
 
 
-def time_to_target(curve: list[dict], metric: str, target: float) -> float | None:
-    """Training time of the first evaluation that reaches ``target``; None if none does."""
+def time_to_target(curve: list[dict], metric: str, target: float,
+                   budget_s: float = 0.0) -> float | None:
+    """Training time of the first evaluation that reaches ``target``; None if none does within
+    ``budget_s`` (0 = no budget: a run may overshoot its budget by one evaluation interval,
+    and reaching the target there is still a miss)."""
     m = check_metric(metric)
     for point in curve:
+        if budget_s and point["train_time_s"] > budget_s:
+            return None
         if m.reached(point.get(metric), target):
             return float(point["train_time_s"])
     return None
