@@ -61,11 +61,13 @@ def time_to_target(results: dict, out: Path) -> str:
                 label = f" {t:.1f} s" + (f" ({t / ddp:.2f}x ddp)" if ddp else "")
             else:
                 ax.barh(i, s["budget_s"], color="none", edgecolor="tab:red", hatch="//")
-                label = " missed" if run.get("status") == "ok" else f" {run.get('status')}"
+                q = run.get("quality_at_budget")
+                label = f" {run.get('status')}" if run.get("status") != "ok" else \
+                    " missed" + (f" ({_scale(s, q):.3g} at the budget)" if q is not None else "")
             ax.text(t if t is not None else s["budget_s"], i, label, va="center", fontsize=8)
         ax.set_yticks(range(len(runs)), [r["algorithm"] for r in runs])
         ax.invert_yaxis()
-        ax.set_xlim(0, 1.35 * max([s["budget_s"]] + [r.get("time_to_target_s") or 0
+        ax.set_xlim(0, 1.6 * max([s["budget_s"]] + [r.get("time_to_target_s") or 0
                                                       for r in runs]))
         ax.set(xlabel="training time to target (s); hatched = not reached within the budget",
                title=f"time to {s['metric']} {sign} {s['target']:g}, inter-node {rate}")
@@ -83,12 +85,14 @@ def _focus(setting: dict, runs: list[dict]) -> tuple[float, float]:
               if p.get(metric) is not None]
     if not values:
         return (0, 100) if metric == "test_accuracy" else (0, 8)
-    if quality.METRICS[metric].higher_is_better:  # accuracy, in %
+    if quality.METRICS[metric].higher_is_better:  # accuracy, in %: the target always shows
         best = max(values)
-        return max(min(values), target - max(8.0, 2 * (best - target))), min(best + 1.0, 100.5)
+        return max(min(values), target - max(8.0, 2 * abs(best - target))), \
+            min(max(best, target) + 1.0, 100.5)
     best = min(values)
-    high = target + max(1.0, 2 * (target - best))
-    return best - 0.1 * (high - best), min(high, max(values))
+    high = target + max(1.0, 2 * abs(target - best))
+    low = min(best, target)
+    return low - 0.1 * (high - low), min(high, max(values))
 
 
 def quality_vs_time(results: dict, out: Path) -> str:
