@@ -127,7 +127,9 @@ def _settings_lines(s: dict) -> list[str]:
     lines = [f"Workload `{s['workload']}`: model `{s['model']}`, {s['nodes']} nodes x "
              f"{s['ranks_per_node']} ranks, batch {s['batch_size']} per rank, "
              f"{'shaped' if s['shaping'] else 'UNSHAPED (loopback)'} links. Each run trains "
-             f"until {s['metric']} reaches {s['target']:g}"
+             f"until {s['metric']} reaches {s['target']:g} ("
+             + ("higher" if quality.METRICS[s["metric"]].higher_is_better else "lower")
+             + " is better)"
              + (" (then stops)" if s["stop_at_target"] else "")
              + f" or {s['budget_s']:g} s of training time have passed, whichever comes first, "
              f"evaluating every {s['eval_every']} steps (evaluation is not training time); the "
