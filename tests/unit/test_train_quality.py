@@ -180,3 +180,34 @@ def test_tuning_gives_every_method_the_same_grid_on_another_seed(monkeypatch, tm
     # nobody reached the target: the best quality at the budget decides
     outcomes.update({0.05: (None, 0.91), 0.1: (None, 0.85)})
     assert compare_mod.tune_lr(s, "ddp", "200mbit", tmp_path)["chosen_lr"] == 0.05
+
+
+def test_train_config_checks_the_race_options():
+    from thinwire.train.config import TrainConfig
+
+    with pytest.raises(ValueError, match=r"--target-bits-per-byte needs a language model"):
+        TrainConfig(model="mlp", target_bits_per_byte=4.0).validate()
+    with pytest.raises(ValueError, match=r"--stop-at-target needs --target-accuracy or"):
+        TrainConfig(model="mlp", stop_at_target=True).validate()
+    with pytest.raises(ValueError, match=r"--budget-s must be .* got -1"):
+        TrainConfig(model="mlp", budget_s=-1).validate()
+    TrainConfig(model="transformer", target_bits_per_byte=4.0, stop_at_target=True,
+                budget_s=30).validate()
+
+
+def test_config_file_becomes_the_defaults_and_the_command_line_wins(tmp_path):
+    import argparse
+
+    from thinwire.train.config import add_arguments, add_config_file, from_args
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"model": "lenet", "lr": 0.2, "budget_s": 5.0}))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    argv = ["--config", str(path), "--lr", "0.3"]
+    add_config_file(parser, argv)
+    cfg = from_args(parser.parse_args(argv))
+    assert (cfg.model, cfg.lr, cfg.budget_s) == ("lenet", 0.3, 5.0)
+    path.write_text(json.dumps({"modle": "lenet"}))
+    with pytest.raises(ValueError, match=r"unknown keys: \['modle'\]"):
+        add_config_file(argparse.ArgumentParser(), ["--config", str(path)])

@@ -100,6 +100,9 @@ class TrainConfig:
         if self.target_bits_per_byte is not None:
             quality.check_target("bits_per_byte", self.target_bits_per_byte,
                                  "--target-bits-per-byte")
+            if models.data_name(self.model) != "stdlib_text":
+                raise ValueError(f"--target-bits-per-byte needs a language model (transformer),"
+                                 f" got --model {self.model}")
         if self.target_accuracy is not None and self.target_bits_per_byte is not None:
             raise ValueError("give --target-accuracy or --target-bits-per-byte, not both")
         if self.stop_at_target and self.target_accuracy is None \
