@@ -48,9 +48,9 @@ def time_to_target(results: dict, out: Path) -> str:
     plt = _plt()
     s, groups = results["setting"], by_rate(results["runs"])
     sign = ">=" if quality.METRICS[s["metric"]].higher_is_better else "<="
-    fig, axes = plt.subplots(1, len(groups), figsize=(6.8 * len(groups), 0.5 * len(
-        results["setting"]["algorithms"]) + 1.8), squeeze=False)
-    for ax, (rate, runs) in zip(axes[0], groups.items()):
+    height = 0.5 * len(results["setting"]["algorithms"]) + 1.8
+    fig, axes = plt.subplots(len(groups), 1, figsize=(7.5, height * len(groups)), squeeze=False)
+    for ax, (rate, runs) in zip(axes[:, 0], groups.items()):
         runs = sorted(runs, key=lambda r: (r.get("time_to_target_s") is None,
                                            r.get("time_to_target_s") or 0))
         ddp = next((r.get("time_to_target_s") for r in runs if r["algorithm"] == "ddp"), None)
@@ -98,8 +98,12 @@ def _focus(setting: dict, runs: list[dict]) -> tuple[float, float]:
 def quality_vs_time(results: dict, out: Path) -> str:
     plt = _plt()
     s, groups = results["setting"], by_rate(results["runs"])
-    fig, axes = plt.subplots(1, len(groups), figsize=(6.8 * len(groups), 4.4), squeeze=False)
-    for ax, (rate, runs) in zip(axes[0], groups.items()):
+    cols = min(2, len(groups))
+    rows = -(-len(groups) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.8 * cols, 4.4 * rows), squeeze=False)
+    for ax in axes.flat[len(groups):]:
+        ax.set_visible(False)
+    for ax, (rate, runs) in zip(axes.flat, groups.items()):
         for run in _ok(runs):
             curve = run.get("curve") or []
             ax.plot([p["train_time_s"] for p in curve],
@@ -206,18 +210,28 @@ def time_to_target_vs_rate(results: dict, out: Path) -> str:
     s = results["setting"]
     finite = [r for r in by_rate(results["runs"]) if rate_bps(r) != float("inf")]
     fig, ax = plt.subplots(figsize=(6.8, 4.4))
-    for name in dict.fromkeys(r["algorithm"] for r in results["runs"]):
+    for i, name in enumerate(dict.fromkeys(r["algorithm"] for r in results["runs"])):
         points = sorted((rate_bps(r["inter_node_bandwidth"]) / 1e6, r["time_to_target_s"])
                         for r in results["runs"] if r["algorithm"] == name
                         and r.get("time_to_target_s") and r["inter_node_bandwidth"] in finite)
-        if points:
-            ax.plot(*zip(*points), marker="o", label=name)
+        missed = sorted(rate_bps(r["inter_node_bandwidth"]) / 1e6 for r in results["runs"]
+                        if r["algorithm"] == name and r.get("status") == "ok"
+                        and r.get("time_to_target_s") is None
+                        and r["inter_node_bandwidth"] in finite)
+        line = ax.plot(*zip(*points), marker="o", label=name)[0] if points else None
+        if missed:  # a miss sits on the budget line, as an x in the method's colour
+            ax.plot([m * 1.04 ** i for m in missed], [s["budget_s"]] * len(missed), "x",
+                    markersize=9, mew=2,
+                    color=line.get_color() if line else None,
+                    label=None if line else f"{name} (missed)")
+    ax.axhline(s["budget_s"], color="tab:red", ls=":", lw=1, label="budget (x = missed)")
+    ax.set_ylim(0, 1.1 * s["budget_s"])
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xticks(sorted(rate_bps(r) / 1e6 for r in finite))
     ax.set(xlabel="inter-node bandwidth (Mbit/s)", ylabel="training time to target (s)",
-           title=f"time to {s['metric']} {s['target']:g} against link rate (misses left out)")
+           title=f"time to {s['metric']} {s['target']:g} against link rate")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
