@@ -61,7 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "run trains until it reaches the target or its training-time budget ends. "
                     f"Workloads: {table}. Training options not given here are the workload's "
                     "(or thinwire train's defaults).")
-    p.add_argument("--out", required=True, metavar="DIR", help="results go here (one "
+    p.add_argument("--out", required=True, default=argparse.SUPPRESS, metavar="DIR",
+                   help="(required) results go here (one "
                    "subdirectory per workload when there are several); re-running with the "
                    "same DIR skips the runs already finished")
     p.add_argument("--workload", default="mnist", help=f"{', '.join(workloads.WORKLOADS)}, a "
