@@ -211,3 +211,18 @@ def test_config_file_becomes_the_defaults_and_the_command_line_wins(tmp_path):
     path.write_text(json.dumps({"modle": "lenet"}))
     with pytest.raises(ValueError, match=r"unknown keys: \['modle'\]"):
         add_config_file(argparse.ArgumentParser(), ["--config", str(path)])
+
+
+def test_a_rate_sweep_plots_time_to_target_against_the_rate(tmp_path):
+    runs = []
+    for rate, slow in (("50mbit", 4.0), ("1gbit", 1.0)):
+        for run in (_run("ddp", None if slow > 1 else 20.0, 900 * slow, 100, "budget"),
+                    _run("hitopk", 30.0, 600, 100)):
+            runs.append({**run, "inter_node_bandwidth": rate})
+    setting = {**CompareSettings().common(), "rates": ["50mbit", "1gbit"],
+               "algorithms": ["ddp", "hitopk"]}
+    figures = report.write_all({"setting": setting, "runs": report.annotate(runs),
+                                "tuning": []}, tmp_path)
+    assert "time_to_target_vs_rate.png" in figures
+    assert (tmp_path / "time_to_target_vs_rate.png").stat().st_size > 0
+    assert "inter-node 50mbit" in (tmp_path / "report.md").read_text()
