@@ -4,6 +4,9 @@ Builds the same network `run` builds and measures, with real traffic:
   - inter-node: a TCP bulk transfer node1 -> node0 (bandwidth) and a 1-byte TCP ping-pong (latency,
     one-way = RTT / 2), between two node namespaces, i.e. through both shaped hops and the bridge;
   - intra-node: the same inside node 0 (over its loopback, which is what ranks of a node use);
+  - with --node-cpus / --node-memory / --link-classes: the CPU rate a busy loop gets per node,
+    whether the memory limit is enforced and a high-class flow's rate under low-class
+    congestion (see check_resources.py);
   - a gloo all-reduce over all ranks, launched exactly like a training job, checked for the
     right result, reported as time and bus bandwidth (2 (W-1)/W * bytes / time).
 """
@@ -18,6 +21,7 @@ import sys
 import tempfile
 from typing import IO
 
+from thinwire.cluster.check_resources import check_resources
 from thinwire.cluster.launch import free_port, new_run_id, run
 from thinwire.cluster.netns import Network
 from thinwire.cluster.spec import ClusterSpec, format_latency, format_rate
@@ -54,10 +58,10 @@ def _pair(server_prefix: list[str], client_prefix: list[str], host: str, port: i
 
 
 def measure_bandwidth(server_prefix: list[str], client_prefix: list[str], host: str,
-                      seconds: float = 1.0, port: int = PROBE_PORT) -> float:
-    """Steady-state TCP goodput client -> server, in bit/s."""
+                      seconds: float = 1.0, port: int = PROBE_PORT, tos: int = 0) -> float:
+    """Steady-state TCP goodput client -> server, in bit/s; `tos`: the sender's IP_TOS."""
     received, _ = _pair(server_prefix, client_prefix, host, port,
-                        ["bandwidth", "--seconds", str(seconds)])
+                        ["bandwidth", "--seconds", str(seconds), "--tos", str(tos)])
     if not received.get("seconds"):
         raise RuntimeError(f"bandwidth probe too short to measure: {received}")
     return received["bytes"] * 8 / received["seconds"]
@@ -139,10 +143,13 @@ def check(spec: ClusterSpec, seconds: float = 1.0, allreduce: bool = True) -> di
         if network is not None:
             network.create()
         rows = measure_links(spec, network, seconds)
+        resources = (check_resources(spec, network, seconds, PROBE_PORT + 10)
+                     if network is not None else {"rows": [], "priority": {}})
     finally:
         if network is not None:
             network.teardown()
-    report = {"spec": spec.describe(), "shaping": spec.shaping, "rows": rows}
+    report = {"spec": spec.describe(), "shaping": spec.shaping, "rows": rows,
+              "resources": resources["rows"], "priority": resources["priority"]}
     if allreduce:
         ar = measure_allreduce(spec)
         report["allreduce"] = ar

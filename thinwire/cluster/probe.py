@@ -1,7 +1,7 @@
 """Small measuring programs that `thinwire cluster check` starts inside the node namespaces.
 
     python -m thinwire.cluster.probe serve --host H --port P      (prints READY, serves one client)
-    python -m thinwire.cluster.probe bandwidth --host H --port P --seconds S
+    python -m thinwire.cluster.probe bandwidth --host H --port P --seconds S [--tos T]
     python -m thinwire.cluster.probe latency --host H --port P --count N
     torchrun ... -m thinwire.cluster.probe allreduce --numel N --iters K --json PATH
 
@@ -78,9 +78,11 @@ def _sink(conn: socket.socket) -> None:
     print(json.dumps(result), flush=True)
 
 
-def bandwidth(host: str, port: int, seconds: float) -> dict:
+def bandwidth(host: str, port: int, seconds: float, tos: int = 0) -> dict:
     payload = b"\x01" * CHUNK
     with socket.create_connection((host, port), timeout=30) as conn:
+        if tos:  # the priority class of this flow (thinwire.cluster.qos.tos_for_class)
+            conn.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
         conn.sendall(b"B" + struct.pack("!d", seconds))
         end = time.perf_counter() + seconds
         sent = 0
@@ -152,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--port", type=int, required=True)
         if name == "bandwidth":
             p.add_argument("--seconds", type=float, default=1.0)
+            p.add_argument("--tos", type=int, default=0)
         if name == "latency":
             p.add_argument("--count", type=int, default=200)
     p = sub.add_parser("allreduce")
@@ -162,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.what == "serve":
         serve(args.host, args.port)
     elif args.what == "bandwidth":
-        print(json.dumps(bandwidth(args.host, args.port, args.seconds)), flush=True)
+        print(json.dumps(bandwidth(args.host, args.port, args.seconds, args.tos)), flush=True)
     elif args.what == "latency":
         print(json.dumps(latency(args.host, args.port, args.count)), flush=True)
     else:
