@@ -28,6 +28,11 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 CFS_PERIOD_US = 100_000
+# A node's quota is a cap; the largest CFS weight makes it also what the node gets on a busy
+# machine (without it a node competes as one task among all the host's runnable tasks and gets
+# far less than its quota). The quota bounds what this takes from other work to the requested
+# cores.
+V1_MAX_SHARES, V2_MAX_WEIGHT = 262144, 10000
 V1_CONTROLLERS = ("cpu", "cpuacct", "memory")
 REMOVE_TIMEOUT_S = 5.0
 
@@ -197,6 +202,7 @@ class NodeCgroups:
             if self.cpus is not None:
                 _write(dirs["cpu"] / "cpu.cfs_period_us", str(CFS_PERIOD_US))
                 _write(dirs["cpu"] / "cpu.cfs_quota_us", str(int(self.cpus * CFS_PERIOD_US)))
+                _write(dirs["cpu"] / "cpu.shares", str(V1_MAX_SHARES))
             if self.memory_bytes is not None:
                 mem = dirs["memory"]
                 _write(mem / "memory.limit_in_bytes", str(self.memory_bytes))
@@ -210,6 +216,7 @@ class NodeCgroups:
             d = dirs["unified"]
             if self.cpus is not None:
                 _write(d / "cpu.max", f"{int(self.cpus * CFS_PERIOD_US)} {CFS_PERIOD_US}")
+                _write(d / "cpu.weight", str(V2_MAX_WEIGHT))
             if self.memory_bytes is not None:
                 _write(d / "memory.max", str(self.memory_bytes))
                 if (d / "memory.swap.max").exists():

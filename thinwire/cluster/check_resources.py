@@ -5,17 +5,19 @@
   - memory: inside node 0, a process allocates (and touches) 16 MiB blocks up to twice the
     limit; the limit is enforced if the kernel kills it before it gets past the limit.
   - priority: a low-class bulk TCP flow saturates node1 -> node0; a high-class flow runs on the
-    same link meanwhile. Reported: the high flow's rate against the link rate and against the
-    same flow alone, the low flow's rate, and the drops counted on the low class.
+    same link meanwhile. Both rates come from the classes' byte counters on node 1's egress over
+    the same window. Reported: the high class's rate against the link rate and alone, the low
+    class's rate, and the drops counted per class.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
 import subprocess
 import sys
-import threading
+import tempfile
 import time
 
 from thinwire.cluster import qos
@@ -25,6 +27,7 @@ from thinwire.cluster.spec import ClusterSpec, format_rate, format_size
 
 BUSY_LOOP = "while True: pass"
 ALLOC_STEP = 16 * 2**20
+FLOW_MAX_S = 300.0  # a flow's upper bound; it is stopped through its stop file long before
 ALLOCATE = (
     "import sys\n"
     "blocks, step, limit = [], int(sys.argv[1]), int(sys.argv[2])\n"
@@ -97,49 +100,114 @@ def measure_memory(network: Network, timeout_s: float = 60.0) -> list[dict]:
                  measured_value=reached, enforced=enforced, oom_kills=kills, peak_bytes=peak)]
 
 
-def _flow(network: Network, port: int, seconds: float, tos: int, results: dict, key: str):
-    from thinwire.cluster.check import measure_bandwidth
-    results[key] = measure_bandwidth(network.exec_prefix(0), network.exec_prefix(1),
-                                     network.node_addr(0), seconds, port, tos=tos)
+class _Flow:
+    """A bulk TCP flow node1 -> node0 in one priority class, running until `stop()`."""
+
+    def __init__(self, network: Network, port: int, tos: int, stop_file: str):
+        probe = [sys.executable, "-m", "thinwire.cluster.probe"]
+        host = network.node_addr(0)
+        self.server = subprocess.Popen(
+            network.exec_prefix(0) + probe + ["serve", "--host", host, "--port", str(port)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.client = None
+        if self.server.stdout.readline().strip() != "READY":
+            self.stop()
+            raise RuntimeError(f"priority probe: the server on port {port} did not start")
+        self.client = subprocess.Popen(
+            network.exec_prefix(1) + probe + ["bandwidth", "--host", host, "--port", str(port),
+                                              "--seconds", str(FLOW_MAX_S), "--tos", str(tos),
+                                              "--stop-file", stop_file],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def stop(self) -> None:
+        for proc in (self.client, self.server):
+            if proc is None:
+                continue
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _class_counters(network: Network, classes: int) -> list[dict]:
+    out = sh("tc", "-n", network.node_ns(1), "-s", "class", "show", "dev", "eth0").stdout
+    return qos.parse_class_stats(out, classes)
+
+
+def _wait_flowing(network: Network, classes: int, k: int, timeout_s: float = 60.0) -> None:
+    """Until class `k` carries traffic (the flow's processes start slowly on a busy machine)."""
+    deadline = time.monotonic() + timeout_s
+    first = _class_counters(network, classes)[k]["sent_bytes"] or 0
+    while (_class_counters(network, classes)[k]["sent_bytes"] or 0) - first < 10 * 2**20:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"priority probe: no traffic in class {k} after {timeout_s:g} s")
+        time.sleep(0.1)
+
+
+def _rates(network: Network, classes: int, seconds: float) -> tuple[list[float], list[int]]:
+    """Wire rate (bit/s) and drops of every class over the same `seconds` window."""
+    before, t0 = _class_counters(network, classes), time.monotonic()
+    time.sleep(seconds)
+    after, t1 = _class_counters(network, classes), time.monotonic()
+    rates = [((a["sent_bytes"] or 0) - (b["sent_bytes"] or 0)) * 8 / (t1 - t0)
+             for a, b in zip(after, before)]
+    drops = [(a["dropped"] or 0) - (b["dropped"] or 0) for a, b in zip(after, before)]
+    return rates, drops
 
 
 def measure_priority(network: Network, seconds: float, port: int) -> tuple[list[dict], dict]:
-    """High-class flow alone, then again while a low-class bulk flow saturates the link."""
+    """A high-class flow alone, then with a low-class bulk flow on the same link (node1 ->
+    node0), both measured on the class counters of node 1's egress over one window."""
     spec = network.spec
     classes = spec.link_classes
     if not classes or spec.nodes < 2:
         return [], {}
     link = spec.inter_node_bps
     high, low = qos.tos_for_class(0, classes), qos.tos_for_class(classes - 1, classes)
-    alone: dict = {}
-    _flow(network, port, seconds, high, alone, "high")
-    drops_before = _low_class_drops(network, classes)
-    both: dict = {}
-    low_thread = threading.Thread(target=_flow, args=(network, port + 1, 2 * seconds + 1.0,
-                                                      low, both, "low"))
-    low_thread.start()
-    time.sleep(seconds / 2 + 0.5)  # the low flow has filled its queue
-    _flow(network, port, seconds, high, both, "high")
-    low_thread.join()
-    drops = _low_class_drops(network, classes) - drops_before
-    detail = {"link_bps": link, "high_alone_bps": alone["high"], "high_bps": both["high"],
-              "low_bps": both["low"], "low_class_drops": drops, "classes": classes}
+    with tempfile.TemporaryDirectory(prefix="thinwire-prio-") as tmp:
+        flows = []
+        try:
+            stop_alone = os.path.join(tmp, "stop-alone")
+            flows.append(_Flow(network, port, high, stop_alone))
+            _wait_flowing(network, classes, 0)
+            alone, _ = _rates(network, classes, seconds)
+            open(stop_alone, "w").close()
+            flows.pop().stop()
+            stop = os.path.join(tmp, "stop")
+            flows.append(_Flow(network, port + 1, low, stop))
+            _wait_flowing(network, classes, classes - 1)
+            congestion_start = _class_counters(network, classes)
+            flows.append(_Flow(network, port + 2, high, stop))
+            _wait_flowing(network, classes, 0)
+            rates, _ = _rates(network, classes, seconds)
+            # Drops over the whole congestion episode: the low queue overflows when the high
+            # flow arrives, then the starved low flow's TCP backs off.
+            drops = [(a["dropped"] or 0) - (b["dropped"] or 0) for a, b in
+                     zip(_class_counters(network, classes), congestion_start)]
+        finally:
+            for name in ("stop-alone", "stop"):
+                open(os.path.join(tmp, name), "w").close()
+            for flow in flows:
+                flow.stop()
+    detail = {"link_bps": link, "classes": classes, "window_s": seconds,
+              "high_alone_bps": alone[0], "high_bps": rates[0], "low_bps": rates[-1],
+              "high_class_drops": drops[0], "low_class_drops": drops[-1],
+              "note": "wire rates (with headers) from the classes' byte counters on node 1's "
+                      "egress, over one window while both flows ran; drops over the whole "
+                      "time the high flow ran"}
     rows = [
         _row("1->0", "high class under low-class load", format_rate(link) if link else "-",
-             format_rate(both["high"]), both["high"] / link if link else None,
-             requested_value=link, measured_value=both["high"]),
-        _row("1->0", "high class vs alone", format_rate(alone["high"]),
-             format_rate(both["high"]), both["high"] / alone["high"]),
-        _row("1->0", "low class (congesting)", "rest", format_rate(both["low"]),
-             both["low"] / link if link else None, drops=drops),
-        _row("1->0", "low class drops (packets)", "-", str(drops), None),
+             format_rate(rates[0]), rates[0] / link if link else None,
+             requested_value=link, measured_value=rates[0]),
+        _row("1->0", "high class alone", format_rate(link) if link else "-",
+             format_rate(alone[0]), alone[0] / link if link else None),
+        _row("1->0", "low class (congesting)", "what is left", format_rate(rates[-1]),
+             rates[-1] / link if link else None),
+        _row("1->0", "drops high / low class (packets)", "-", f"{drops[0]} / {drops[-1]}",
+             None),
     ]
     return rows, detail
-
-
-def _low_class_drops(network: Network, classes: int) -> int:
-    out = sh("tc", "-n", network.node_ns(1), "-s", "class", "show", "dev", "eth0").stdout
-    return qos.parse_class_stats(out, classes)[-1]["dropped"] or 0
 
 
 def check_resources(spec: ClusterSpec, network: Network, seconds: float, port: int) -> dict:

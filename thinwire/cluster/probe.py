@@ -78,7 +78,11 @@ def _sink(conn: socket.socket) -> None:
     print(json.dumps(result), flush=True)
 
 
-def bandwidth(host: str, port: int, seconds: float, tos: int = 0) -> dict:
+def bandwidth(host: str, port: int, seconds: float, tos: int = 0,
+              stop_file: str | None = None) -> dict:
+    """Send for `seconds`, or until `stop_file` exists (checked once per chunk)."""
+    import os
+
     payload = b"\x01" * CHUNK
     with socket.create_connection((host, port), timeout=30) as conn:
         if tos:  # the priority class of this flow (thinwire.cluster.qos.tos_for_class)
@@ -87,6 +91,8 @@ def bandwidth(host: str, port: int, seconds: float, tos: int = 0) -> dict:
         end = time.perf_counter() + seconds
         sent = 0
         while time.perf_counter() < end:
+            if stop_file and os.path.exists(stop_file):
+                break
             conn.sendall(payload)
             sent += len(payload)
         conn.shutdown(socket.SHUT_WR)
@@ -155,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
         if name == "bandwidth":
             p.add_argument("--seconds", type=float, default=1.0)
             p.add_argument("--tos", type=int, default=0)
+            p.add_argument("--stop-file", default=None)
         if name == "latency":
             p.add_argument("--count", type=int, default=200)
     p = sub.add_parser("allreduce")
@@ -165,7 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.what == "serve":
         serve(args.host, args.port)
     elif args.what == "bandwidth":
-        print(json.dumps(bandwidth(args.host, args.port, args.seconds, args.tos)), flush=True)
+        print(json.dumps(bandwidth(args.host, args.port, args.seconds, args.tos,
+                                          args.stop_file)), flush=True)
     elif args.what == "latency":
         print(json.dumps(latency(args.host, args.port, args.count)), flush=True)
     else:
