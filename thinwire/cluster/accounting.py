@@ -139,4 +139,4 @@ class NodeMonitor:
                 "oom": None if self.oom is None else {
                     "node": self.oom.node, "limit_bytes": self.oom.limit_bytes,
                     "peak_bytes": self.oom.peak_bytes, "kills": self.oom.kills,
-                    "message": str(self.oom)}}
+                    "detected_monotonic_s": self.oom_detected_at, "message": str(self.oom)}}

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 MASTER_PORT_IN_NAMESPACE = 29500  # each run's namespaces are fresh, so this port is always free
 TERMINATE_GRACE_S = 5.0
+# After a kernel OOM kill the job is lost anyway: a short grace gets the error to the user fast.
+OOM_TERMINATE_GRACE_S = 0.3
 EXIT_TIMEOUT = 124
 EXIT_OOM = 137  # what a shell reports for a SIGKILLed job; run() raises NodeOutOfMemory instead
 
@@ -125,7 +127,8 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _stop(procs: list[subprocess.Popen], network: Network | None) -> None:
+def _stop(procs: list[subprocess.Popen], network: Network | None,
+          grace_s: float = TERMINATE_GRACE_S) -> None:
     """SIGTERM every torchrun (it stops its ranks), then SIGKILL whatever is left."""
     alive = [p for p in procs if p.poll() is None]
     tree = {pid for p in alive for pid in _descendants(p.pid)}
@@ -134,7 +137,7 @@ def _stop(procs: list[subprocess.Popen], network: Network | None) -> None:
             os.killpg(p.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-    deadline = time.monotonic() + TERMINATE_GRACE_S
+    deadline = time.monotonic() + grace_s
     for p in alive:
         try:
             p.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -236,7 +239,8 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
             finally:
                 # Signals stay pending (not lost) until the cleanup is complete.
                 with _signals_blocked():
-                    _stop(procs, network)
+                    oom = bool(monitors) and monitors[0].oom is not None
+                    _stop(procs, network, OOM_TERMINATE_GRACE_S if oom else TERMINATE_GRACE_S)
                     for thread in threads:
                         thread.join(timeout=2.0)
                     shutil.rmtree(log_dir, ignore_errors=True)
