@@ -93,9 +93,10 @@ def test_priority_tc_commands_build_strict_priority_classes():
     assert any("classid 1:31 htb" in t and "prio 1" in t for t in text)
     assert any("parent 1:30 handle 30: pfifo limit 100" in t for t in text)
     assert any("parent 1:31 handle 31: pfifo limit 8" in t for t in text)
-    filters = [t for t in text if t.startswith("filter")]
+    # The kernel runs filters by their prio number: loss (1) first, then the classes (2).
+    filters = sorted(t for t in text if t.startswith("filter"))
     assert len(filters) == 2 and "prio 1 bpf" in filters[0] and "classid 1:20" in filters[0]
-    assert "prio 2 bpf" in filters[1] and "classid 1:31" in filters[1]  # loss first, then class
+    assert "prio 2 bpf" in filters[1] and "classid 1:31" in filters[1]
     # Without classes the single-FIFO layout is unchanged.
     assert " ".join(tc_commands("eth0", 10**8)[0]).endswith("htb default 10")
 
@@ -156,3 +157,19 @@ def test_v2_discovery_and_missing_controllers(tmp_path):
     (tmp_path / "unified" / "cgroup.controllers").write_text("io pids\n")
     with pytest.raises(CgroupsUnavailable, match="best-effort-limits"):
         discover(mounts, proc)
+
+
+def test_compare_and_bench_sync_pass_the_budgets_through():
+    from thinwire.bench import sync
+    from thinwire.train.compare import CompareSettings
+
+    settings = CompareSettings(resources={"node_cpus": 0.5, "link_classes": 2}).validate()
+    assert settings.common()["resources"] == {"node_cpus": 0.5, "link_classes": 2}
+    assert "resources" not in CompareSettings().validate().common()  # old results stay valid
+    with pytest.raises(ValueError, match="node_memory must be at least"):
+        CompareSettings(resources={"node_memory": "1m"}).validate()
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    sync.register(sub)
+    args = parser.parse_args(["sync", "--node-cpus", "1", "--node-memory", "2g"])
+    assert resource_kwargs(args)["node_cpus"] == 1.0 and args.node_memory == "2g"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from thinwire.train import compare as compare_mod
+from thinwire.cluster.cli import add_resource_options, resource_kwargs
 from thinwire.train.config import add_arguments, from_args
 
 
@@ -25,7 +26,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         powersgd_rank=args.powersgd_rank, nodes=args.nodes, ranks_per_node=args.ranks_per_node,
         rates=compare_mod.parse_rates(args.inter_node_bandwidth), shaping=not args.no_shaping,
         seed=args.seed, target_accuracy=args.target_accuracy or None,
-        evals_per_epoch=args.evals_per_epoch, timeout_s=args.timeout)
+        evals_per_epoch=args.evals_per_epoch, timeout_s=args.timeout,
+        resources={k: v for k, v in resource_kwargs(args).items() if v not in (None, False)})
     results = compare_mod.compare(settings, args.out, progress=not args.no_progress)
     report.print_tables(results)
     print(f"\nwrote {args.out}/results.json, report.md, accuracy_vs_time.png, throughput.png")
@@ -70,4 +72,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=s.timeout_s, metavar="SECONDS",
                    help="per run")
     p.add_argument("--no-progress", action="store_true")
+    add_resource_options(p)
     p.set_defaults(func=_cmd_compare)

@@ -50,6 +50,9 @@ class CompareSettings:
     target_accuracy: float | None = 0.9
     evals_per_epoch: int = 4
     timeout_s: float = 1800.0
+    # Node CPU/memory budgets and link priority classes: ClusterSpec keyword arguments
+    # (node_cpus, node_memory, best_effort_limits, link_classes, class_queue); {} = none.
+    resources: dict = field(default_factory=dict)
 
     def validate(self) -> "CompareSettings":
         if not self.algorithms:
@@ -81,13 +84,16 @@ class CompareSettings:
             raise ValueError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy!r}")
         if not self.timeout_s > 0:
             raise ValueError(f"--timeout must be > 0 seconds, got {self.timeout_s!r}")
-        ClusterSpec(nodes=self.nodes, ranks_per_node=self.ranks_per_node)  # checks the shape
+        ClusterSpec(nodes=self.nodes, ranks_per_node=self.ranks_per_node,  # checks the shape
+                    shaping=self.shaping or not self.resources, **self.resources)
         return self
 
     def common(self) -> dict:
         """What every run shares (the `setting` of results.json)."""
         out = asdict(self)
         out.pop("algorithms"), out.pop("rates"), out.pop("timeout_s")
+        if not out["resources"]:  # results from before node budgets existed stay valid
+            out.pop("resources")
         return out
 
 
@@ -154,7 +160,7 @@ def run_one(settings: CompareSettings, algorithm: str, rate: str, out: Path) -> 
             stale.unlink()
     spec = ClusterSpec(nodes=settings.nodes, ranks_per_node=settings.ranks_per_node,
                        inter_node_bandwidth=None if rate == "none" else rate,
-                       shaping=settings.shaping)
+                       shaping=settings.shaping, **settings.resources)
     with open(out / "logs" / f"{key}.log", "w") as output:
         status = cluster_run(spec, _train_command(settings, algorithm, summary, metrics),
                              timeout_s=settings.timeout_s, output=output)
