@@ -26,6 +26,7 @@ from thinwire.cluster.netns import Network, sh
 from thinwire.cluster.spec import ClusterSpec, format_rate, format_size
 
 BUSY_LOOP = "while True: pass"
+CPU_WARMUP_S = 1.0
 ALLOC_STEP = 16 * 2**20
 FLOW_MAX_S = 300.0  # a flow's upper bound; it is stopped through its stop file long before
 ALLOCATE = (
@@ -50,18 +51,21 @@ def measure_cpu(network: Network, seconds: float) -> list[dict]:
     if cg is None or spec.node_cpus is None:
         return []
     workers = max(1, math.ceil(spec.node_cpus))
-    procs, before = [], []
+    procs = []
     try:
         for node in range(spec.nodes):
-            before.append(cg.cpu_seconds(node) or 0.0)
             for _ in range(workers):
                 procs.append(subprocess.Popen(
                     network.exec_prefix(node) + [sys.executable, "-c", BUSY_LOOP],
                     preexec_fn=functools.partial(join_cgroups, cg.procs_files(node))))
-        start = time.monotonic()
+        # The window opens once every loop runs (starting them takes a while on a busy host),
+        # and the counters are read at its two ends only.
+        time.sleep(CPU_WARMUP_S)
+        before, start = [cg.cpu_seconds(n) or 0.0 for n in range(spec.nodes)], time.monotonic()
         time.sleep(seconds)
-        used = [(cg.cpu_seconds(n) or 0.0) - before[n] for n in range(spec.nodes)]
-        wall = time.monotonic() - start
+        after, wall = [cg.cpu_seconds(n) or 0.0 for n in range(spec.nodes)], \
+            time.monotonic() - start
+        used = [a - b for a, b in zip(after, before)]
     finally:
         for p in procs:
             p.kill()

@@ -82,6 +82,8 @@ def node_env(spec: ClusterSpec, node: int, ifname: str, extra: dict | None) -> d
         "THINWIRE_CLUSTER_SHAPED": "1" if spec.shaping else "0",
         "PYTHONUNBUFFERED": "1",
     })
+    if spec.link_classes:  # what a rank needs for qos.tos_for_class
+        env["THINWIRE_LINK_CLASSES"] = str(spec.link_classes)
     env.setdefault("OMP_NUM_THREADS", "1")
     # torchrun --tee prefixes each rank's lines with this (it fills in ${rank}).
     env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = f"[node{node} rank${{rank}}]: "
@@ -280,8 +282,8 @@ def _start(spec: ClusterSpec, command: list[str], env: dict | None, network: Net
     that a failure half-way still lets the caller stop what was started)."""
     if network is not None:
         network.create()
-        monitor = NodeMonitor(spec.nodes, network.node_cgroups)
-        monitors.append(monitor)
+        if network.accounting or network.node_cgroups is not None:  # OOM watch, statistics
+            monitors.append(NodeMonitor(spec.nodes, network.node_cgroups))
         master_addr, port = network.node_addr(0), MASTER_PORT_IN_NAMESPACE
     else:
         master_addr, port = "127.0.0.1", free_port()
