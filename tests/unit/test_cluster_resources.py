@@ -173,3 +173,17 @@ def test_compare_and_bench_sync_pass_the_budgets_through():
     sync.register(sub)
     args = parser.parse_args(["sync", "--node-cpus", "1", "--node-memory", "2g"])
     assert resource_kwargs(args)["node_cpus"] == 1.0 and args.node_memory == "2g"
+
+
+def test_plot_of_the_accounting_series(tmp_path):
+    from thinwire.cluster.plot import _rates, plot_stats
+
+    assert _rates([0.0, 0.1, 0.2, 0.3], [0.0, 0.05, None, 0.15]) == ([0.05, 0.2],
+                                                                     pytest.approx([0.5, 0.5]))
+    series = {"t": [0.0, 0.1, 0.2], "cpu_seconds": [0.0, 0.05, 0.1],
+              "memory_bytes": [2**20, 2**21, 2**21], "tx_bytes": [0, 1000, 2000],
+              "rx_bytes": [0, 500, 900], "lo_bytes": [0, 0, 0]}
+    stats = {"spec": "test", "nodes": [{"node": 0, "cpu_limit": 0.5,
+                                        "memory_limit_bytes": 2**22, "series": series}]}
+    out = plot_stats(stats, tmp_path / "nodes.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

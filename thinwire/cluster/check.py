@@ -122,14 +122,20 @@ def measure_allreduce(spec: ClusterSpec, timeout_s: float = 300.0,
     captured = io.StringIO()  # the ranks' lines, shown only if the probe fails
     with tempfile.TemporaryDirectory(prefix="thinwire-check-") as tmp:
         path = os.path.join(tmp, "allreduce.json")
+        stats = os.path.join(tmp, "accounting.json") if spec.shaping else None
         status = run(spec, ["-m", "thinwire.cluster.probe", "allreduce", "--numel", str(numel),
                             "--iters", "3", "--json", path],
-                     timeout_s=timeout_s, output=output if output is not None else captured)
+                     timeout_s=timeout_s, output=output if output is not None else captured,
+                     stats_path=stats)
         if status != 0 or not os.path.exists(path):
             tail = "".join(captured.getvalue().splitlines(keepends=True)[-20:])
             raise RuntimeError(f"all-reduce probe failed with status {status}:\n{tail}")
         with open(path) as handle:
             result = json.load(handle)
+        if stats is not None and os.path.exists(stats):
+            # Per-node CPU, memory and link bytes over the all-reduce run, 100 ms series.
+            with open(stats) as handle:
+                result["accounting"] = json.load(handle)
     world = result["world_size"]
     factor = 2 * (world - 1) / world if world > 1 else 1.0
     result["busbw_bps"] = factor * result["bytes"] * 8 / result["seconds_median"]

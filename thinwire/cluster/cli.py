@@ -107,6 +107,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     except (ShapingUnavailable, CgroupsUnavailable) as exc:
         print(f"thinwire: error: {exc}", file=sys.stderr)
         return 2
+    except NodeOutOfMemory as exc:  # the all-reduce ranks did not fit in --node-memory
+        print(f"thinwire: error: all-reduce probe: {exc}", file=sys.stderr)
+        return EXIT_OOM
     print(report["spec"])
     print(format_table(report["rows"], ["path", "metric", "requested", "measured", "ratio"]))
     if report.get("resources"):
@@ -126,6 +129,13 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
     for ns in removed:
         print(f"removed {ns}")
     print(f"{len(removed)} namespace(s) and cgroup(s) of dead runs removed")
+    return 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from thinwire.cluster.plot import plot_file
+
+    print(f"wrote {plot_file(args.stats, args.out)}")
     return 0
 
 
@@ -153,6 +163,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-allreduce", action="store_true", help="skip the gloo all-reduce")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
     p.set_defaults(func=_cmd_check)
+
+    p = sub.add_parser("plot", help="plot a run's --stats-json: CPU, memory, link rates per node")
+    p.add_argument("stats", metavar="STATS_JSON")
+    p.add_argument("--out", default="nodes.png", metavar="PNG")
+    p.set_defaults(func=_cmd_plot)
 
     p = sub.add_parser("cleanup", help="remove what dead runs left behind (live runs untouched)")
     p.set_defaults(func=_cmd_cleanup)
