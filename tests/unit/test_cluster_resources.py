@@ -187,3 +187,20 @@ def test_plot_of_the_accounting_series(tmp_path):
                                         "memory_limit_bytes": 2**22, "series": series}]}
     out = plot_stats(stats, tmp_path / "nodes.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_missing_controllers_fail_clearly_or_warn_with_best_effort(monkeypatch, caplog):
+    from thinwire.cluster import cgroups
+
+    def no_controllers():
+        raise CgroupsUnavailable("per-node CPU/memory limits need the cgroup controllers ...")
+
+    monkeypatch.setattr(cgroups, "discover", no_controllers)
+    with pytest.raises(CgroupsUnavailable, match="cgroup controllers"):
+        cgroups.node_cgroups_for(ClusterSpec(2, 1, node_cpus=0.5), "r1")
+    spec = ClusterSpec(2, 1, node_cpus=0.5, best_effort_limits=True)
+    with caplog.at_level("WARNING"):
+        assert cgroups.node_cgroups_for(spec, "r1") is None
+    assert "WITHOUT per-node CPU/memory limits" in caplog.text
+    # Accounting alone never fails a run: it just has no CPU/memory figures.
+    assert cgroups.node_cgroups_for(ClusterSpec(2, 1), "r1", accounting=True) is None
