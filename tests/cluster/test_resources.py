@@ -142,8 +142,9 @@ def test_crash_with_limits_leaves_nothing(cluster_leaks, allreduce_script, tmp_p
 
 
 @pytest.mark.root
-def test_sigint_with_limits_leaves_nothing(allreduce_script, tmp_path, run_leftovers,
-                                           run_ids_of_pid):
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_with_limits_leaves_nothing(allreduce_script, tmp_path, run_leftovers,
+                                           run_ids_of_pid, signum, status):
     argv = [sys.executable, "-c", "import sys, thinwire.cli as c; "
             "c.COMMAND_MODULES = ['thinwire.cluster.cli']; sys.exit(c.main(sys.argv[1:]))",
             "cluster", "run", "--nodes", "2", "--ranks-per-node", "1", "--timeout", "120",
@@ -159,9 +160,9 @@ def test_sigint_with_limits_leaves_nothing(allreduce_script, tmp_path, run_lefto
             break
     (run_id,) = run_ids_of_pid(proc.pid)
     assert any("/thinwire-" in c for c in run_leftovers(run_id)), "no cgroups were made"
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     rest, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130, "".join(lines) + rest
+    assert proc.returncode == status, "".join(lines) + rest
     assert run_leftovers(run_id) == []
 
 
