@@ -294,8 +294,11 @@ def join(procs_files: list[str]) -> None:
 def remove_cgroups(paths: list[str]) -> list[str]:
     """SIGKILL every process in the cgroups, then rmdir them (deepest first); returns what stayed."""
     for path in paths:
-        for pid in (Path(path) / "cgroup.procs").read_text().split() \
-                if Path(path, "cgroup.procs").exists() else []:
+        try:
+            pids = (Path(path) / "cgroup.procs").read_text().split()
+        except OSError:  # already gone
+            pids = []
+        for pid in pids:
             try:
                 os.kill(int(pid), signal.SIGKILL)
             except (ProcessLookupError, ValueError):

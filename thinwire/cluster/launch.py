@@ -246,7 +246,11 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
                     for thread in threads:
                         thread.join(timeout=2.0)
                     shutil.rmtree(log_dir, ignore_errors=True)
-                    stats = _collect_stats(network, monitors, status)
+                    try:
+                        stats = _collect_stats(network, monitors, status)
+                    except Exception:  # never let accounting stand in the way of teardown
+                        log.exception("could not collect the run's accounting")
+                        stats = None
                     if network is not None:
                         network.teardown()
                     if stats_path is not None and stats is not None:
@@ -268,10 +272,7 @@ def _collect_stats(network: Network | None, monitors: list[NodeMonitor],
     monitor.stop()
     stats = {"run_id": network.run_id, "spec": network.spec.describe(), "status": status,
              "cgroups": network.node_cgroups is not None, **monitor.report()}
-    try:
-        stats["link_classes"] = network.class_stats()
-    except Exception as exc:  # accounting must never hide the run's own outcome
-        log.warning("could not read the priority classes' counters: %s", exc)
+    stats["link_classes"] = network.class_stats()
     return stats
 
 
