@@ -108,7 +108,9 @@ class _Flow:
     """A bulk TCP flow node1 -> node0 in one priority class, running until `stop()`."""
 
     def __init__(self, network: Network, port: int, tos: int, stop_file: str):
-        probe = [sys.executable, "-m", "thinwire.cluster.probe"]
+        from thinwire.cluster.check import PROBE_SCRIPT
+
+        probe = [sys.executable, PROBE_SCRIPT]
         host = network.node_addr(0)
         self.server = subprocess.Popen(
             network.exec_prefix(0) + probe + ["serve", "--host", host, "--port", str(port)],

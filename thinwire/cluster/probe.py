@@ -5,7 +5,9 @@
     python -m thinwire.cluster.probe latency --host H --port P --count N
     torchrun ... -m thinwire.cluster.probe allreduce --numel N --iters K --json PATH
 
-Each client prints one JSON line with its result. Bandwidth is measured at the receiver over
+Each client prints one JSON line with its result. All but `allreduce` use the standard library
+only, so `thinwire cluster check` runs this file directly (python .../probe.py), without
+importing the thinwire package and torch. Bandwidth is measured at the receiver over
 the steady part of the transfer (after the first quarter of the time), so HTB's initial burst
 and TCP slow start do not inflate or deflate the rate.
 """
