@@ -121,7 +121,8 @@ def test_accounting_in_the_stats_json(cluster_leaks, allreduce_script, tmp_path)
 
 @pytest.mark.root
 def test_high_class_keeps_90_percent_against_saturating_low_class(cluster_leaks):
-    spec = ClusterSpec(2, 1, inter_node_bandwidth="100mbit", link_classes=2,
+    # Nodes 1 (low, a UDP flood) and 2 (high, TCP) send to node 0: they meet at its switch port.
+    spec = ClusterSpec(3, 1, inter_node_bandwidth="100mbit", link_classes=2,
                        class_queue=(100, 8))
     network = _network(spec, cluster_leaks)
     try:
@@ -129,8 +130,10 @@ def test_high_class_keeps_90_percent_against_saturating_low_class(cluster_leaks)
         _, result = measure_priority(network, seconds=2.0, port=29720)
     finally:
         network.teardown()
+    assert result["where"] == "1,2->0 at the switch"
     assert result["high_bps"] >= 0.9 * 100e6, result
     assert result["low_class_drops"] > 0 and result["high_class_drops"] == 0, result
+    assert result["low_bps"] < 0.05 * 100e6, result  # the low class gets only what is left
 
 
 @pytest.mark.root

@@ -6,8 +6,9 @@ Three measurements on the emulated cluster (root), each repeated, the median rep
   - oom: node 1 of a 2-node run allocates past its limit; delay from the kernel's kill (seen by
     a separate 5 ms poller of the cgroup's OOM counter) to the launcher's detection and to the
     NodeOutOfMemory error reaching the caller (after the whole run is stopped and cleaned up);
-  - priority: high-class vs low-class TCP bulk flows on one link (default 100mbit, 2 classes):
-    the high class's wire rate against the link rate, and the low class's drops.
+  - priority: a high-class TCP bulk flow against a low-class flow (a UDP flood by default) into
+    one switch port (3 nodes; default 100mbit, 2 classes): the high class's wire rate against
+    the link rate, and the low class's drops.
 """
 
 from __future__ import annotations
@@ -127,26 +128,29 @@ def bench_oom(repeats: int, memory: str = "160m") -> list[dict]:
 
 
 def bench_priority(rate: str, classes: int, queues: tuple[int, ...], repeats: int,
-                   seconds: float) -> tuple[list[dict], list[dict]]:
+                   seconds: float, nodes: int = 3,
+                   low: str = "udp") -> tuple[list[dict], list[dict]]:
     from thinwire.cluster import ClusterSpec
     from thinwire.cluster.check_resources import measure_priority
     from thinwire.cluster.launch import new_run_id
     from thinwire.cluster.netns import Network
 
-    spec = ClusterSpec(2, 1, inter_node_bandwidth=rate, link_classes=classes, class_queue=queues)
+    spec = ClusterSpec(nodes, 1, inter_node_bandwidth=rate, link_classes=classes,
+                       class_queue=queues)
     details = []
     for _ in range(repeats):
         network = Network(spec, new_run_id())
         try:
             network.create()
-            details.append(measure_priority(network, seconds, 29730)[1])
+            details.append(measure_priority(network, seconds, 29730, low_udp=low == "udp")[1])
         finally:
             network.teardown()
     share = [d["high_bps"] / d["link_bps"] for d in details]
     alone = [d["high_alone_bps"] / d["link_bps"] for d in details]
     drops = [d["low_class_drops"] for d in details]
-    low = [d["low_bps"] / d["link_bps"] for d in details]
-    setting = f"{rate}, {classes} classes, queues {'/'.join(map(str, queues))}"
+    low_share = [d["low_bps"] / d["link_bps"] for d in details]
+    setting = (f"{rate}, {classes} classes, queues {'/'.join(map(str, queues))}, low {low}, "
+               f"{details[0]['where']}")
     rows = [{"measure": "high class / link, low class saturating", "setting": setting,
              "median": statistics.median(share), "target": ">= 0.90",
              "met": statistics.median(share) >= 0.9, "values": [round(s, 3) for s in share]},
@@ -154,8 +158,8 @@ def bench_priority(rate: str, classes: int, queues: tuple[int, ...], repeats: in
              "median": statistics.median(alone), "target": "-", "met": None,
              "values": [round(s, 3) for s in alone]},
             {"measure": "low class / link, during", "setting": setting,
-             "median": statistics.median(low), "target": "-", "met": None,
-             "values": [round(s, 4) for s in low]},
+             "median": statistics.median(low_share), "target": "-", "met": None,
+             "values": [round(s, 4) for s in low_share]},
             {"measure": "low class drops (packets)", "setting": setting,
              "median": statistics.median(drops), "target": "> 0, counted",
              "met": min(drops) > 0, "values": drops}]
@@ -178,7 +182,8 @@ def _main(args) -> int:
         rows += bench_oom(args.repeats)
     if "priority" in args.only:
         prio_rows, result["priority_runs"] = bench_priority(
-            args.rate, args.classes, tuple(args.class_queue), args.repeats, args.seconds)
+            args.rate, args.classes, tuple(args.class_queue), args.repeats, args.seconds,
+            args.prio_nodes, args.low)
         rows += prio_rows
     result["rows"] = rows
     print(format_table(rows, COLUMNS))
@@ -196,6 +201,11 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--classes", type=int, default=2)
     parser.add_argument("--class-queue", type=int, nargs="+", default=[100, 8],
                         help="packets per class, highest first")
+    parser.add_argument("--prio-nodes", type=int, default=3,
+                        help="3+: the flows meet at a switch port (from nodes 1 and 2); "
+                             "2: at the sender's own egress")
+    parser.add_argument("--low", choices=("udp", "tcp"), default="udp",
+                        help="the low-class flow: a UDP flood (saturates) or TCP (backs off)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=2.0,
                         help="measuring window of each CPU / priority measurement")

@@ -4,9 +4,11 @@
     cgroups and namespace); the CPU rate each node got = its cgroup's CPU seconds / wall time.
   - memory: inside node 0, a process allocates (and touches) 16 MiB blocks up to twice the
     limit; the limit is enforced if the kernel kills it before it gets past the limit.
-  - priority: a low-class bulk TCP flow saturates node1 -> node0; a high-class flow runs on the
-    same link meanwhile. Both rates come from the classes' byte counters on node 1's egress over
-    the same window. Reported: the high class's rate against the link rate and alone, the low
+  - priority: a low-class flow (a UDP flood, which does not back off; or TCP) saturates
+    node1 -> node0; a high-class TCP bulk flow to node 0
+    runs meanwhile, from node 2 when there are 3+ nodes (both meet at the switch port toward
+    node 0, a congested switch) or else from node 1 (they meet at node 1's egress). Both rates
+    come from the classes' byte counters of that queue over the same window. Reported: the high class's rate against the link rate and alone, the low
     class's rate, and the drops counted per class.
 """
 
@@ -105,24 +107,27 @@ def measure_memory(network: Network, timeout_s: float = 60.0) -> list[dict]:
 
 
 class _Flow:
-    """A bulk TCP flow node1 -> node0 in one priority class, running until `stop()`."""
+    """A bulk flow `sender` -> node 0 in one priority class, running until its stop file
+    exists: TCP (backs off under loss) or a UDP flood (does not: it saturates)."""
 
-    def __init__(self, network: Network, port: int, tos: int, stop_file: str):
+    def __init__(self, network: Network, port: int, tos: int, stop_file: str, sender: int = 1,
+                 udp: bool = False):
         from thinwire.cluster.check import PROBE_SCRIPT
 
         probe = [sys.executable, PROBE_SCRIPT]
         host = network.node_addr(0)
-        self.server = subprocess.Popen(
-            network.exec_prefix(0) + probe + ["serve", "--host", host, "--port", str(port)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self.client = None
-        if self.server.stdout.readline().strip() != "READY":
-            self.stop()
-            raise RuntimeError(f"priority probe: the server on port {port} did not start")
+        self.server = self.client = None
+        if not udp:
+            self.server = subprocess.Popen(
+                network.exec_prefix(0) + probe + ["serve", "--host", host, "--port", str(port)],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            if self.server.stdout.readline().strip() != "READY":
+                self.stop()
+                raise RuntimeError(f"priority probe: the server on port {port} did not start")
         self.client = subprocess.Popen(
-            network.exec_prefix(1) + probe + ["bandwidth", "--host", host, "--port", str(port),
-                                              "--seconds", str(FLOW_MAX_S), "--tos", str(tos),
-                                              "--stop-file", stop_file],
+            network.exec_prefix(sender) + probe + [
+                "flood" if udp else "bandwidth", "--host", host, "--port", str(port),
+                "--seconds", str(FLOW_MAX_S), "--tos", str(tos), "--stop-file", stop_file],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def stop(self) -> None:
@@ -136,8 +141,18 @@ class _Flow:
                 proc.wait()
 
 
+def _congested_port(network: Network) -> tuple[str, str, str]:
+    """(namespace, device, label) of the queue the priority flows contend for: with 3+ nodes
+    the switch port toward node 0, fed by two senders (a congested switch, where a sender's
+    own TCP cannot hold its packets back); with 2 nodes node 1's own egress."""
+    if network.spec.nodes >= 3:
+        return network.switch_ns, "p0", "1,2->0 at the switch"
+    return network.node_ns(1), "eth0", "1->0 at the sender"
+
+
 def _class_counters(network: Network, classes: int) -> list[dict]:
-    out = sh("tc", "-n", network.node_ns(1), "-s", "class", "show", "dev", "eth0").stdout
+    ns, dev, _ = _congested_port(network)
+    out = sh("tc", "-n", ns, "-s", "class", "show", "dev", dev).stdout
     return qos.parse_class_stats(out, classes)
 
 
@@ -162,7 +177,8 @@ def _rates(network: Network, classes: int, seconds: float) -> tuple[list[float],
     return rates, drops
 
 
-def measure_priority(network: Network, seconds: float, port: int) -> tuple[list[dict], dict]:
+def measure_priority(network: Network, seconds: float, port: int,
+                     low_udp: bool = True) -> tuple[list[dict], dict]:
     """A high-class flow alone, then with a low-class bulk flow on the same link (node1 ->
     node0), both measured on the class counters of node 1's egress over one window."""
     spec = network.spec
@@ -171,20 +187,22 @@ def measure_priority(network: Network, seconds: float, port: int) -> tuple[list[
         return [], {}
     link = spec.inter_node_bps
     high, low = qos.tos_for_class(0, classes), qos.tos_for_class(classes - 1, classes)
+    high_sender = 2 if spec.nodes >= 3 else 1
+    path = _congested_port(network)[2]
     with tempfile.TemporaryDirectory(prefix="thinwire-prio-") as tmp:
         flows = []
         try:
             stop_alone = os.path.join(tmp, "stop-alone")
-            flows.append(_Flow(network, port, high, stop_alone))
+            flows.append(_Flow(network, port, high, stop_alone, sender=high_sender))
             _wait_flowing(network, classes, 0)
             alone, _ = _rates(network, classes, seconds)
             open(stop_alone, "w").close()
             flows.pop().stop()
             stop = os.path.join(tmp, "stop")
-            flows.append(_Flow(network, port + 1, low, stop))
+            flows.append(_Flow(network, port + 1, low, stop, udp=low_udp))
             _wait_flowing(network, classes, classes - 1)
             congestion_start = _class_counters(network, classes)
-            flows.append(_Flow(network, port + 2, high, stop))
+            flows.append(_Flow(network, port + 2, high, stop, sender=high_sender))
             _wait_flowing(network, classes, 0)
             rates, _ = _rates(network, classes, seconds)
             # Drops over the whole congestion episode: the low queue overflows when the high
@@ -196,21 +214,22 @@ def measure_priority(network: Network, seconds: float, port: int) -> tuple[list[
                 open(os.path.join(tmp, name), "w").close()
             for flow in flows:
                 flow.stop()
-    detail = {"link_bps": link, "classes": classes, "window_s": seconds,
+    detail = {"link_bps": link, "classes": classes, "window_s": seconds, "where": path,
+              "low_flow": "udp flood" if low_udp else "tcp",
               "high_alone_bps": alone[0], "high_bps": rates[0], "low_bps": rates[-1],
               "high_class_drops": drops[0], "low_class_drops": drops[-1],
-              "note": "wire rates (with headers) from the classes' byte counters on node 1's "
-                      "egress, over one window while both flows ran; drops over the whole "
-                      "time the high flow ran"}
+              "note": "wire rates (with headers) from the classes' byte counters of the contended "
+                      "queue, over one window while both flows ran; drops over the whole time "
+                      "the high flow ran"}
     rows = [
-        _row("1->0", "high class under low-class load", format_rate(link) if link else "-",
+        _row(path, "high class under low-class load", format_rate(link) if link else "-",
              format_rate(rates[0]), rates[0] / link if link else None,
              requested_value=link, measured_value=rates[0]),
-        _row("1->0", "high class alone", format_rate(link) if link else "-",
+        _row(path, "high class alone", format_rate(link) if link else "-",
              format_rate(alone[0]), alone[0] / link if link else None),
-        _row("1->0", "low class (congesting)", "what is left", format_rate(rates[-1]),
+        _row(path, "low class (congesting)", "what is left", format_rate(rates[-1]),
              rates[-1] / link if link else None),
-        _row("1->0", "drops high / low class (packets)", "-", f"{drops[0]} / {drops[-1]}",
+        _row(path, "drops high / low class (packets)", "-", f"{drops[0]} / {drops[-1]}",
              None),
     ]
     return rows, detail

@@ -3,6 +3,7 @@
     python -m thinwire.cluster.probe serve --host H --port P      (prints READY, serves one client)
     python -m thinwire.cluster.probe bandwidth --host H --port P --seconds S [--tos T]
     python -m thinwire.cluster.probe latency --host H --port P --count N
+    python -m thinwire.cluster.probe flood --host H --port P --seconds S [--tos T] [--stop-file F]
     torchrun ... -m thinwire.cluster.probe allreduce --numel N --iters K --json PATH
 
 Each client prints one JSON line with its result. All but `allreduce` use the standard library
@@ -102,6 +103,29 @@ def bandwidth(host: str, port: int, seconds: float, tos: int = 0,
     return {"sent_bytes": sent}
 
 
+def flood(host: str, port: int, seconds: float, tos: int = 0,
+          stop_file: str | None = None) -> dict:
+    """UDP datagrams to host:port as fast as the socket takes them, for `seconds` or until
+    `stop_file` exists: a sender that does not back off (unlike TCP), to saturate a link."""
+    import os
+
+    payload = b"\x02" * 1400
+    sent = 0
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        if tos:
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            if stop_file and sent % 256 == 0 and os.path.exists(stop_file):
+                break
+            try:
+                sock.sendto(payload, (host, port))  # unconnected: no ICMP errors back
+                sent += 1
+            except OSError:  # ENOBUFS when the local queue is full: keep pushing
+                time.sleep(0.0005)
+    return {"sent_datagrams": sent}
+
+
 def latency(host: str, port: int, count: int) -> dict:
     with socket.create_connection((host, port), timeout=30) as conn:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -156,11 +180,11 @@ def allreduce(numel: int, iters: int, json_path: str | None) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m thinwire.cluster.probe")
     sub = parser.add_subparsers(dest="what", required=True)
-    for name in ("serve", "bandwidth", "latency"):
+    for name in ("serve", "bandwidth", "latency", "flood"):
         p = sub.add_parser(name)
         p.add_argument("--host", required=True)
         p.add_argument("--port", type=int, required=True)
-        if name == "bandwidth":
+        if name in ("bandwidth", "flood"):
             p.add_argument("--seconds", type=float, default=1.0)
             p.add_argument("--tos", type=int, default=0)
             p.add_argument("--stop-file", default=None)
@@ -176,6 +200,9 @@ def main(argv: list[str] | None = None) -> None:
     elif args.what == "bandwidth":
         print(json.dumps(bandwidth(args.host, args.port, args.seconds, args.tos,
                                           args.stop_file)), flush=True)
+    elif args.what == "flood":
+        print(json.dumps(flood(args.host, args.port, args.seconds, args.tos, args.stop_file)),
+              flush=True)
     elif args.what == "latency":
         print(json.dumps(latency(args.host, args.port, args.count)), flush=True)
     else:

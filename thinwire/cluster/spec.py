@@ -226,7 +226,9 @@ class ClusterSpec:
         if self.link_classes is None:
             return None
         value = self.class_queue if self.class_queue is not None else DEFAULT_CLASS_QUEUE
-        queues = (value,) * self.link_classes if isinstance(value, int) else tuple(value)
+        queues = (value,) if isinstance(value, int) else tuple(value)
+        if len(queues) == 1:  # one length for every class
+            queues *= self.link_classes
         if len(queues) != self.link_classes or not all(
                 isinstance(q, int) and not isinstance(q, bool) and 1 <= q <= MAX_CLASS_QUEUE
                 for q in queues):
