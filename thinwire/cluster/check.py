@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import IO
 
 from thinwire.cluster.check_resources import check_resources
-from thinwire.cluster.launch import free_port, new_run_id, run
+from thinwire.cluster.launch import new_run_id, run
+from thinwire.ports import free_port
 from thinwire.cluster.netns import Network
 from thinwire.cluster.spec import ClusterSpec, format_latency, format_rate
 

@@ -6,10 +6,10 @@ import argparse
 import logging
 import sys
 
-from thinwire.bench.report import format_table, write_json_atomic
 from thinwire.cluster.accounting import NodeOutOfMemory
 from thinwire.cluster.cgroups import CgroupsUnavailable
 from thinwire.cluster.launch import EXIT_OOM
+from thinwire.output import format_table, write_json_atomic
 from thinwire.cluster.netns import ShapingUnavailable, cleanup_dead_runs
 from thinwire.cluster.spec import ClusterSpec
 

@@ -15,7 +15,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,11 +25,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator
 
-from thinwire.bench.report import write_json_atomic
+from thinwire.output import write_json_atomic
 from thinwire.cluster.accounting import NodeMonitor
 from thinwire.cluster.cgroups import join as join_cgroups
 from thinwire.cluster.netns import Network, kill_namespace_processes
 from thinwire.cluster.spec import ClusterSpec
+from thinwire.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +63,6 @@ def validate_command(command: list[str]) -> None:
     elif not Path(command[0]).is_file():
         raise FileNotFoundError(f"command: script {command[0]!r} not found "
                                 f"(relative to {os.getcwd()})")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def node_env(spec: ClusterSpec, node: int, ifname: str, extra: dict | None) -> dict[str, str]:

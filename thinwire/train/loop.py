@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from thinwire.optim import LARS, param_groups, warmup_cosine, warmup_poly
-from thinwire.train import checkpoint, data, hooks, models
+from thinwire.train import checkpoint, data, grad_sync, models
 from thinwire.train.config import TrainConfig
 from thinwire.train.metrics import Metrics, interface_tx_bytes
 
@@ -173,7 +173,7 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
         module.load_state_dict(saved["model"])
     model = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda"
                                     else None)
-    sync = hooks.register(model, cfg.algorithm, cfg.density, cfg.selector, cfg.powersgd_rank,
+    sync = grad_sync.register(model, cfg.algorithm, cfg.density, cfg.selector, cfg.powersgd_rank,
                           cfg.seed, cfg.ranks_per_node,
                           cfg.momentum if cfg.momentum_correction else 0.0,
                           cfg.dense_warmup_steps,
