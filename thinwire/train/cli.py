@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from thinwire.train import compare as compare_mod
+from thinwire.cluster.cli import add_resource_options, resource_kwargs
 from thinwire.train.config import add_arguments, from_args
 
 
@@ -30,7 +31,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             target=args.target, budget_s=args.budget_s, eval_every=args.eval_every,
             stop_at_target=not args.no_stop_at_target, tune=args.tune,
             lr_grid=tuple(float(x) for x in args.lr_grid.split(",") if x.strip()),
-            timeout_s=args.timeout, train=train)
+            timeout_s=args.timeout, train=train,
+            resources={k: v for k, v in resource_kwargs(args).items()
+                       if v not in (None, False)})
         out = args.out if len(names) == 1 else f"{args.out}/{name}"
         results = compare_mod.compare(settings, out, progress=not args.no_progress)
         report.print_tables(results)
@@ -91,6 +94,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=s.timeout_s, metavar="SECONDS",
                    help="per run")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_resource_options(p)
     group = p.add_argument_group("training options (as thinwire train's; the workload sets "
                                  "model, epochs, batch size and learning rate)")
     add_arguments(group, exclude=compare_mod.PER_RUN)

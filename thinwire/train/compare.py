@@ -66,6 +66,9 @@ class CompareSettings:
     lr_grid: tuple = DEFAULT_LR_GRID
     timeout_s: float = 1800.0
     train: dict = field(default_factory=dict)  # TrainConfig overrides (TRAIN_FIELDS)
+    # Node CPU/memory budgets and link priority classes: ClusterSpec keyword arguments
+    # (node_cpus, node_memory, best_effort_limits, link_classes, class_queue); {} = none.
+    resources: dict = field(default_factory=dict)
 
     def validate(self) -> "CompareSettings":
         wl = workloads.check_workload(self.workload)
@@ -96,7 +99,8 @@ class CompareSettings:
                 parse_rate(rate, "--inter-node-bandwidth")
         if not self.timeout_s > 0:
             raise ValueError(f"--timeout must be > 0 seconds, got {self.timeout_s!r}")
-        ClusterSpec(nodes=self.nodes, ranks_per_node=self.ranks_per_node)  # checks the shape
+        ClusterSpec(nodes=self.nodes, ranks_per_node=self.ranks_per_node,  # checks the shape
+                    shaping=self.shaping or not self.resources, **self.resources)
         base = self.base_config()
         language = models.data_name(base.model) in ("stdlib_text",)
         if language != (wl.metric == "bits_per_byte"):
@@ -147,6 +151,8 @@ class CompareSettings:
                 "shaping": self.shaping, "tune": self.tune,
                 "lr_grid": list(self.lr_grid) if self.tune else None,
                 "powersgd_start_iter": POWERSGD_START_ITER,
+                # results from before node budgets existed stay valid without the key
+                **({"resources": dict(self.resources)} if self.resources else {}),
                 **{k: base[k] for k in TRAIN_FIELDS}}
 
 
@@ -251,7 +257,7 @@ def run_one(settings: CompareSettings, cfg: TrainConfig, rate: str, out: Path, b
     write_json(config, dataclasses.asdict(cfg))
     spec = ClusterSpec(nodes=settings.nodes, ranks_per_node=settings.ranks_per_node,
                        inter_node_bandwidth=None if rate == "none" else rate,
-                       shaping=settings.shaping)
+                       shaping=settings.shaping, **settings.resources)
     steps = _total_steps(cfg, settings)
     try:
         with open(out / "logs" / f"{key}.log", "w") as output, \
