@@ -71,8 +71,9 @@ class StageSGD:
             g = acc / self.accumulated
             v.mul_(self.momentum).add_(g)
             delta = v * a if b == 0.0 else v * a + g * b
-            s.copy_(delta).mul_(-self.lr)
-            p.add_(s)
+            s.copy_(p)
+            p.add_(delta, alpha=-self.lr)  # as torch.optim.SGD does: bitwise equal at D = 0
+            s.sub_(p).neg_()               # w_t - w_(t-1), exactly the step taken
             acc.zero_()
         self.accumulated = 0
         self.updates += 1
