@@ -46,16 +46,18 @@ def _shapes(stages, x: torch.Tensor) -> list[torch.Size]:
     return shapes
 
 
-def _warm_up(module: torch.nn.Module, shape: torch.Size, dtype: torch.dtype) -> None:
-    """One throw-away forward and backward on copies of the weights: the first backward of a
-    process starts autograd's machinery (seconds on a loaded machine), which is not the
-    schedule's cost and would otherwise dominate the first slots of the timeline."""
-    from torch.func import functional_call
+def _warm_up(module: torch.nn.Module, cfg: PipelineConfig, s: int, S: int, shapes, x, y) -> None:
+    """One throw-away forward and backward through the very code path of the run, on a copy of
+    the stage: the first backward of a process pays one-off start-up costs (seconds on a loaded
+    machine) that are not the schedule's and would otherwise fill the first slots."""
+    import copy
 
-    params = {n: p.detach().clone().requires_grad_(True) for n, p in module.named_parameters()}
-    x = torch.zeros(shape, dtype=dtype, requires_grad=True)
-    with torch.enable_grad():
-        functional_call(module, params, (x,)).sum().backward()
+    scratch = StageWorker(copy.deepcopy(module), optimizer_args(cfg, s), first=s == 0,
+                          last=s == S - 1)
+    x = x if s == 0 else torch.zeros(shapes[s], dtype=x.dtype)
+    scratch.forward(-1, x, y)
+    scratch.backward(-1, None if s == S - 1 else torch.zeros(shapes[s + 1], dtype=x.dtype))
+    scratch.update()
 
 
 class _Sender:
@@ -91,7 +93,8 @@ def train_stage(cfg: PipelineConfig) -> dict:
     sender = _Sender()
     events: list[tuple[str, int, float, float]] = []
 
-    _warm_up(stages[s], shapes[s], dtype)
+    first = stream.indices(0)
+    _warm_up(stages[s], cfg, s, S, shapes, ds.train_x[first].to(dtype), ds.train_y[first])
     dist.barrier()
     t_start = time.time()
     for kind, i in ops:
