@@ -181,3 +181,26 @@ def test_split_checks_its_arguments():
         split.split_sequential([model], [1])
     assert [len(s) for s in split.split_sequential(model, [1])] == [1, 2]
     assert split.balanced_cuts(7, 3) == [3, 5]
+
+
+def test_cli_refuses_bad_input_with_one_line(capsys):
+    from thinwire.cli import main
+
+    assert main(["pipeline", "train", "--micro-batch", "0"]) == 2
+    assert "micro_batch must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert main(["pipeline", "train", "--stages", "4", "--cuts", "1,9,10"]) == 2
+    assert "cut point 9 out of range" in capsys.readouterr().err
+    assert main(["pipeline", "train", "--stages", "4", "--nodes", "3"]) == 2
+    assert "must equal --stages 4" in capsys.readouterr().err
+
+
+def test_options_round_trip_to_the_ranks():
+    import argparse
+
+    from thinwire.pipeline import config
+
+    cfg = PipelineConfig(schedule="1f1b", stages=3, cuts=[1, 3], hidden=[5, 6, 7], sc=False,
+                         micro_batch=2, group=3, out="/x", dtype="float64", timeout_s=7.0)
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    assert config.from_args(parser.parse_args(config.to_argv(cfg))) == cfg

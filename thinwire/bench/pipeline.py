@@ -138,9 +138,9 @@ def register(bench_subparsers) -> None:
     p.add_argument("--stages", type=int, default=4)
     p.add_argument("--epochs", type=int, default=3, help="accuracy part")
     p.add_argument("--batch", type=int, default=32, help="SGD batch the hyper-parameters are for")
-    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate at --batch")
+    p.add_argument("--lr", type=float, default=0.02, help="SGD learning rate at --batch")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum at --batch")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--schedules", nargs="+", default=["pb", "gpipe", "1f1b"],
                    choices=["pb", "gpipe", "1f1b"], help="throughput part")
     p.add_argument("--micro-batch", type=int, default=1, help="throughput part: m")
