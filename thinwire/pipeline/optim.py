@@ -52,10 +52,15 @@ class StageSGD:
         return m ** d, (1.0 - m ** d) / (1.0 - m)
 
     def forward_weights(self) -> list[torch.Tensor]:
-        """The weights a forward uses now: predicted D updates ahead with LWP, else current."""
-        if not self.weight_prediction or self.delay == 0 or self.updates == 0:
-            return [p.detach() for p in self.params]
-        return [p.detach() + self.delay * s for p, s in zip(self.params, self.last_step)]
+        """Fresh tensors holding the weights a forward uses now: predicted D updates ahead with
+        LWP, else the current ones (one pass over the weights either way)."""
+        if not self.predicts() or self.updates == 0:
+            return [p.detach().clone() for p in self.params]
+        return [torch.add(p.detach(), s, alpha=self.delay)
+                for p, s in zip(self.params, self.last_step)]
+
+    def predicts(self) -> bool:
+        return self.weight_prediction and self.delay > 0
 
     def accumulate(self, grads: Sequence[torch.Tensor]) -> None:
         for acc, g in zip(self.grad_sum, grads):
@@ -67,13 +72,18 @@ class StageSGD:
         if self.accumulated == 0:
             raise RuntimeError("step() without a gradient: the schedule updated before a backward")
         a, b = self.coefficients()
+        keep_step = self.predicts()
         for p, v, s, acc in zip(self.params, self.velocity, self.last_step, self.grad_sum):
-            g = acc / self.accumulated
+            g = acc if self.accumulated == 1 else acc.div_(self.accumulated)
             v.mul_(self.momentum).add_(g)
-            delta = v * a if b == 0.0 else v * a + g * b
-            s.copy_(p)
-            p.add_(delta, alpha=-self.lr)  # as torch.optim.SGD does: bitwise equal at D = 0
-            s.sub_(p).neg_()               # w_t - w_(t-1), exactly the step taken
+            if keep_step:
+                s.copy_(p)
+            # a = 1, b = 0 is exactly torch.optim.SGD's step (bitwise equal at D = 0).
+            p.add_(v, alpha=-self.lr * a)
+            if b != 0.0:
+                p.add_(g, alpha=-self.lr * b)
+            if keep_step:
+                s.sub_(p).neg_()  # w_t - w_(t-1), exactly the step taken
             acc.zero_()
         self.accumulated = 0
         self.updates += 1

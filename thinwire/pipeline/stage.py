@@ -36,7 +36,7 @@ class StageWorker:
 
     def forward(self, i: int, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         """The stage's output for micro-batch i (detached); the last stage returns the loss."""
-        leaves = [w.clone().requires_grad_(True) for w in self.opt.forward_weights()]
+        leaves = [w.requires_grad_(True) for w in self.opt.forward_weights()]
         x = x.detach()
         if not self.first:
             x.requires_grad_(True)
