@@ -68,6 +68,7 @@ def throughput(args) -> dict:
     for schedule in args.schedules:
         configs.append(PipelineConfig(
             schedule=schedule, stages=args.stages, dataset=args.dataset, hidden=_ints(args.hidden),
+            cuts=_ints(args.cuts) if args.cuts else None,
             micro_batch=args.micro_batch, group=args.group, epochs=1,
             train_samples=args.samples, seed=0, timeout_s=args.timeout))
     args.nodes, args.ranks_per_node = args.stages, 1
@@ -136,6 +137,7 @@ def register(bench_subparsers) -> None:
     p.add_argument("--dataset", default="mnist5k", choices=["mnist5k", "digits"])
     p.add_argument("--hidden", default="256,128,64", help="MLP hidden widths (len+1 layers)")
     p.add_argument("--stages", type=int, default=4)
+    p.add_argument("--cuts", default=None, help="throughput part: layer indices (default balanced)")
     p.add_argument("--epochs", type=int, default=3, help="accuracy part")
     p.add_argument("--batch", type=int, default=32, help="SGD batch the hyper-parameters are for")
     p.add_argument("--lr", type=float, default=0.02, help="SGD learning rate at --batch")
