@@ -38,7 +38,7 @@ def accuracy(args) -> dict:
 
     torch.set_num_threads(1)
     rows = accuracy_study(args.dataset, _ints(args.hidden), args.stages, args.epochs, args.batch,
-                          args.lr, args.momentum, args.seeds)
+                          args.lr, args.momentum, args.seeds, variants=args.variants)
     table = []
     sgd = statistics.median(r["test_accuracy"] for r in rows if r["batch"] == args.batch)
     for run in dict.fromkeys(r["run"] for r in rows):
@@ -143,6 +143,8 @@ def register(bench_subparsers) -> None:
     p.add_argument("--lr", type=float, default=0.02, help="SGD learning rate at --batch")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum at --batch")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--variants", nargs="+", default=["sc+lwp", "none", "sc", "lwp"],
+                   choices=["sc+lwp", "none", "sc", "lwp"], help="accuracy part: pb repairs")
     p.add_argument("--schedules", nargs="+", default=["pb", "gpipe", "1f1b"],
                    choices=["pb", "gpipe", "1f1b"], help="throughput part")
     p.add_argument("--micro-batch", type=int, default=1, help="throughput part: m")
