@@ -64,9 +64,15 @@ def throughput(args) -> dict:
     from thinwire.cluster.launch import run
     from thinwire.pipeline.config import PipelineConfig, to_argv
 
+    from thinwire.pipeline.config import scale_for_batch_one
+
     configs = []
     for schedule in args.schedules:
-        configs.append(PipelineConfig(
+        # pb steps once per micro-batch: the rule moves (lr, momentum) from --batch to m.
+        lr, momentum = (scale_for_batch_one(args.lr, args.momentum,
+                                            max(1, args.batch // args.micro_batch))
+                        if schedule == "pb" else (args.lr, args.momentum))
+        configs.append(PipelineConfig(lr=lr, momentum=momentum,
             schedule=schedule, stages=args.stages, dataset=args.dataset, hidden=_ints(args.hidden),
             cuts=_ints(args.cuts) if args.cuts else None,
             micro_batch=args.micro_batch, group=args.group, epochs=1,
