@@ -43,32 +43,55 @@ def test_1f1b_keeps_few_micro_batches_in_flight():
     assert peak == 4  # S - 1 warm-up forwards + the one of the steady state (gpipe: 8)
 
 
-def _reference_sc_lwp(w0, grads, lr, m, D, sc, lwp):
+def _reference_sc_lwp(w0, grads, lr, m, D, sc, lwp, form):
     """float64 transcription of the update formulas, independent of StageSGD."""
     w, v, prev = w0.copy(), np.zeros_like(w0), None
     predicted = []
     for g in grads:
-        predicted.append(w + D * (w - prev) if (lwp and prev is not None) else w.copy())
+        if not lwp or prev is None:
+            predicted.append(w.copy())
+        elif form == "weights":
+            predicted.append(w + D * (w - prev))
+        else:
+            predicted.append(w - lr * D * v)
         v = m * v + g
         step = (m ** D * v + (1 - m ** D) / (1 - m) * g) if sc else v
         prev, w = w, w - lr * step
     return w, predicted
 
 
+@pytest.mark.parametrize("form", ["velocity", "weights"])
 @pytest.mark.parametrize("sc,lwp", [(True, True), (True, False), (False, True), (False, False)])
-def test_sc_and_lwp_equal_float64_transcription(sc, lwp):
+def test_sc_and_lwp_equal_float64_transcription(sc, lwp, form):
     rng = np.random.default_rng(0)
     w0 = rng.standard_normal(7)
     grads = [rng.standard_normal(7) for _ in range(6)]
     lr, m, D = 0.1, 0.9, 3
-    want, want_pred = _reference_sc_lwp(w0, grads, lr, m, D, sc, lwp)
+    want, want_pred = _reference_sc_lwp(w0, grads, lr, m, D, sc, lwp, form)
     p = torch.tensor(w0)
-    opt = StageSGD([p], lr=lr, momentum=m, delay=D, spike_compensation=sc, weight_prediction=lwp)
+    opt = StageSGD([p], lr=lr, momentum=m, delay=D, spike_compensation=sc, weight_prediction=lwp,
+                   prediction=form)
     for g, pred in zip(grads, want_pred):
         np.testing.assert_allclose(opt.forward_weights()[0].numpy(), pred, rtol=1e-13, atol=1e-13)
         opt.accumulate([torch.tensor(g)])
         opt.step()
     np.testing.assert_allclose(p.numpy(), want, rtol=1e-13, atol=1e-13)
+
+
+def test_lwp_forms_agree_without_sc():
+    torch.manual_seed(0)
+    a = torch.randn(5, dtype=torch.float64)
+    b = a.clone()
+    va = StageSGD([a], lr=0.1, momentum=0.9, delay=4, spike_compensation=False)
+    wb = StageSGD([b], lr=0.1, momentum=0.9, delay=4, spike_compensation=False,
+                  prediction="weights")
+    for _ in range(3):
+        g = torch.randn(5, dtype=torch.float64)
+        for opt in (va, wb):
+            opt.accumulate([g])
+            opt.step()
+        torch.testing.assert_close(va.forward_weights()[0], wb.forward_weights()[0],
+                                   rtol=1e-13, atol=1e-13)
 
 
 def test_sc_without_delay_is_momentum_sgd():
@@ -166,6 +189,7 @@ def test_batch_one_scaling_rule():
     (dict(group=0, schedule="gpipe"), "group (M, micro-batches per update) must be >= 1"),
     (dict(dataset="cifar"), "dataset must be one of"),
     (dict(momentum=1.0), "momentum must be in [0, 1)"),
+    (dict(lwp_form="quadratic"), "lwp_form must be 'velocity' or 'weights', got 'quadratic'"),
 ])
 def test_bad_input_is_refused_clearly(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
@@ -200,6 +224,7 @@ def test_options_round_trip_to_the_ranks():
     from thinwire.pipeline import config
 
     cfg = PipelineConfig(schedule="1f1b", stages=3, cuts=[1, 3], hidden=[5, 6, 7], sc=False,
+                         lwp_form="weights",
                          micro_batch=2, group=3, out="/x", dtype="float64", timeout_s=7.0)
     parser = argparse.ArgumentParser()
     config.add_arguments(parser)

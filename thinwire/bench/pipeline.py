@@ -150,7 +150,8 @@ def register(bench_subparsers) -> None:
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum at --batch")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--variants", nargs="+", default=["sc+lwp", "none", "sc", "lwp"],
-                   choices=["sc+lwp", "none", "sc", "lwp"], help="accuracy part: pb repairs")
+                   choices=["sc+lwp", "sc+lwp-w", "none", "sc", "lwp", "lwp-w"],
+                   help="accuracy part: pb repairs (lwp-w: the weight-difference form of LWP)")
     p.add_argument("--schedules", nargs="+", default=["pb", "gpipe", "1f1b"],
                    choices=["pb", "gpipe", "1f1b"], help="throughput part")
     p.add_argument("--micro-batch", type=int, default=1, help="throughput part: m")

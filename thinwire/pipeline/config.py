@@ -29,6 +29,7 @@ class PipelineConfig:
     momentum: float = 0.9
     sc: bool = True
     lwp: bool = True
+    lwp_form: str = "velocity"           # or "weights" (see thinwire/pipeline/optim.py)
     seed: int = 0
     dtype: str = "float32"
     out: str | None = None
@@ -58,6 +59,8 @@ class PipelineConfig:
             if len(self.cuts) + 1 != self.stages:
                 raise ValueError(f"cuts {self.cuts} make {len(self.cuts) + 1} stages, but "
                                  f"stages={self.stages}")
+        if self.lwp_form not in ("velocity", "weights"):
+            raise ValueError(f"lwp_form must be 'velocity' or 'weights', got {self.lwp_form!r}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
 
@@ -104,7 +107,7 @@ def optimizer_args(cfg: PipelineConfig, stage: int) -> dict:
     """Each stage's StageSGD settings: its own delay D_s (from the schedule formula)."""
     return dict(lr=cfg.lr, momentum=cfg.momentum,
                 delay=schedules.delay_formula(cfg.schedule, cfg.stages, stage),
-                spike_compensation=cfg.sc, weight_prediction=cfg.lwp)
+                spike_compensation=cfg.sc, weight_prediction=cfg.lwp, prediction=cfg.lwp_form)
 
 
 def scale_for_batch_one(lr: float, momentum: float, batch: int) -> tuple[float, float]:
@@ -139,6 +142,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="spike compensation (pb only; default on)")
     p.add_argument("--lwp", action=argparse.BooleanOptionalAction, default=True,
                    help="linear weight prediction (pb only; default on)")
+    p.add_argument("--lwp-form", default=d.lwp_form,
+                   help="velocity (w - lr D v, default) or weights (w + D (w_t - w_(t-1)))")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--dtype", default=d.dtype, help="float32 or float64")
     p.add_argument("--out", default=None, metavar="DIR", help="results.json and timeline.png")
@@ -160,7 +165,8 @@ def from_args(args: argparse.Namespace) -> PipelineConfig:
         dataset=args.dataset, hidden=_int_list(args.hidden, "--hidden"),
         micro_batch=args.micro_batch, group=args.group, epochs=args.epochs,
         train_samples=args.train_samples, lr=args.lr, momentum=args.momentum, sc=args.sc,
-        lwp=args.lwp, seed=args.seed, dtype=args.dtype, out=args.out, timeout_s=args.timeout)
+        lwp=args.lwp, lwp_form=args.lwp_form, seed=args.seed, dtype=args.dtype, out=args.out,
+        timeout_s=args.timeout)
     cfg.validate()
     return cfg
 

@@ -11,8 +11,15 @@ time is the same as without delay (1 / (1 - m)) and its schedule from now on is 
     w <- w - lr * (m^D v + (1 - m^D) / (1 - m) g)
 
 (D = 0 gives momentum SGD back.) Linear Weight Prediction (LWP) runs the forward with the weights
-extrapolated D updates ahead along the last update, ``w + D (w_t - w_(t-1))``, which is where the
-weights will be when the backward of that micro-batch runs and its gradient is applied.
+extrapolated D updates ahead, which is where they will be when the backward of that micro-batch
+runs and its gradient is applied. Two forms:
+
+* ``velocity`` (default): ``w - lr D v``, D more steps of the smooth part of the update;
+* ``weights``: ``w + D (w_t - w_(t-1))`` along the last step actually taken.
+
+Without SC the two are the same (the last step is ``-lr v``). With SC the last step also holds the
+one-off spike ``-lr b g`` of a single gradient, which the ``weights`` form extrapolates D times
+(noise amplified by about D b, ~D^2 for momentum near 1); measured in docs/benchmarks.md.
 
 Gradients are accumulated between updates and averaged (``gpipe``/``1f1b`` update once per M
 micro-batches; ``pb`` after every one).
@@ -28,13 +35,16 @@ import torch
 class StageSGD:
     def __init__(self, params: Sequence[torch.Tensor], lr: float, momentum: float = 0.0,
                  delay: int = 0, spike_compensation: bool = True,
-                 weight_prediction: bool = True):
+                 weight_prediction: bool = True, prediction: str = "velocity"):
         if not lr > 0:
             raise ValueError(f"lr must be > 0, got {lr}")
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
         if not isinstance(delay, int) or delay < 0:
             raise ValueError(f"delay must be an integer >= 0, got {delay!r}")
+        if prediction not in ("velocity", "weights"):
+            raise ValueError(f"prediction must be 'velocity' or 'weights', got {prediction!r}")
+        self.prediction = prediction
         self.params = list(params)
         self.lr, self.momentum, self.delay = float(lr), float(momentum), delay
         self.spike_compensation, self.weight_prediction = spike_compensation, weight_prediction
@@ -54,13 +64,13 @@ class StageSGD:
     def forward_weights(self) -> list[torch.Tensor]:
         """Fresh tensors holding the weights a forward uses now: predicted D updates ahead with
         LWP, else the current ones (one pass over the weights either way)."""
-        if not self.predicts() or self.updates == 0:
+        if not self.weight_prediction or self.delay == 0 or self.updates == 0:
             return [p.detach().clone() for p in self.params]
+        if self.prediction == "velocity":
+            return [torch.add(p.detach(), v, alpha=-self.lr * self.delay)
+                    for p, v in zip(self.params, self.velocity)]
         return [torch.add(p.detach(), s, alpha=self.delay)
                 for p, s in zip(self.params, self.last_step)]
-
-    def predicts(self) -> bool:
-        return self.weight_prediction and self.delay > 0
 
     def accumulate(self, grads: Sequence[torch.Tensor]) -> None:
         for acc, g in zip(self.grad_sum, grads):
@@ -72,7 +82,7 @@ class StageSGD:
         if self.accumulated == 0:
             raise RuntimeError("step() without a gradient: the schedule updated before a backward")
         a, b = self.coefficients()
-        keep_step = self.predicts()
+        keep_step = self.weight_prediction and self.delay > 0 and self.prediction == "weights"
         for p, v, s, acc in zip(self.params, self.velocity, self.last_step, self.grad_sum):
             g = acc if self.accumulated == 1 else acc.div_(self.accumulated)
             v.mul_(self.momentum).add_(g)

@@ -60,8 +60,10 @@ def accuracy_study(dataset: str, hidden: list[int], stages: int, epochs: int, ba
         rows.append({**row, "seed": seed, "delays": None})
         log.info("seed %d %s: %.4f", seed, row["run"], row["test_accuracy"])
         for variant in variants:
-            cfg = PipelineConfig(**{**base.__dict__, "sc": "sc" in variant.split("+"),
-                                    "lwp": "lwp" in variant.split("+")})
+            parts = variant.split("+")
+            cfg = PipelineConfig(**{**base.__dict__, "sc": "sc" in parts,
+                                    "lwp": "lwp" in parts or "lwp-w" in parts,
+                                    "lwp_form": "weights" if "lwp-w" in parts else "velocity"})
             r = emulate(cfg)
             rows.append({"run": f"pb batch 1 {variant}", "schedule": "pb", "sc": cfg.sc,
                          "lwp": cfg.lwp, "batch": 1, "lr": lr1, "momentum": m1,
