@@ -16,7 +16,6 @@ import argparse
 import json
 import logging
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
