@@ -19,6 +19,7 @@ BENCH_MODULES = [
     "thinwire.bench.des",
     "thinwire.bench.cpr",
     "thinwire.bench.cluster_resources",
+    "thinwire.bench.pipeline",
 ]
 
 
