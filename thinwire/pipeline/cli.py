@@ -29,7 +29,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def launch(cfg: config.PipelineConfig, args: argparse.Namespace) -> int:
-    from thinwire.bench.report import format_table
+    from thinwire.output import format_table
     from thinwire.cluster.cli import spec_from_args
     from thinwire.cluster.launch import run
 

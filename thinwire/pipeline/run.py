@@ -31,7 +31,7 @@ def summarise(cfg: PipelineConfig, stages: list[dict]) -> dict:
 
 
 def main(cfg: PipelineConfig) -> dict | None:
-    from thinwire.bench.report import write_json_atomic
+    from thinwire.output import write_json_atomic
 
     summary = engine.train_stage(cfg)
     stages = engine.gather({k: v for k, v in summary.items() if k != "params"})
