@@ -34,8 +34,11 @@ system-tools:
 	  else echo "note: nginx missing and not root: the data-cache tests against nginx will skip"; fi; \
 	fi
 
+# Both workloads (MNIST-5k and the byte-level LM), the headline method against PyTorch's three;
+# `thinwire compare --help` for the rest (all seven algorithms, --tune, rate sweeps).
+DEMO_ALGORITHMS ?= ddp,ddp-fp16,powersgd,hitopk
 demo: install
-	$(BIN)/thinwire compare --out results/compare
+	$(BIN)/thinwire compare --out results/compare --workload all --algorithms $(DEMO_ALGORITHMS)
 
 test: install
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)

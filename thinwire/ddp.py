@@ -20,9 +20,10 @@ checkpoint (whose fresh DDP starts with unrebuilt buckets) continues bit-identic
 whose set of parameters changes has its residual re-initialised.
 """
 
+import datetime
 import queue
 import threading
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -33,13 +34,19 @@ from thinwire.topology import Topology
 
 def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None, *,
              state: Optional[SyncState] = None, topology: Optional[Topology] = None,
-             ranks_per_node: Optional[int] = None, **settings) -> SyncState:
+             ranks_per_node: Optional[int] = None,
+             timeout: Union[datetime.timedelta, float, None] = None, **settings) -> SyncState:
     """Register a thinwire algorithm on ``ddp_model``; returns its state (checkpoint it).
 
     ``algorithm`` (default "hitopk") and ``settings`` are :class:`SyncState`'s (density,
-    selector, wire, momentum_correction, dense_iterations, weight_decay, ...). Or pass
-    ``state`` (a SyncState restored from a checkpoint) to continue with its residuals; it holds
-    its own settings, so none may be passed with it. Collective: every rank calls it.
+    selector, wire, momentum_correction, dense_iterations, weight_decay, nonfinite, ...). Or
+    pass ``state`` (a SyncState restored from a checkpoint) to continue with its residuals; it
+    holds its own settings, so none may be passed with it. ``timeout`` bounds every thinwire
+    collective (default: the one given to ``init_process_group``); a peer that stops answering
+    ends the step with an error naming the phase. Collective: every rank calls it.
+
+    A failure in the hook reaches ``loss.backward()`` on this rank with its original type and
+    message; the worker thread ends when the model is garbage-collected.
     """
     if not isinstance(ddp_model, DistributedDataParallel):
         raise TypeError(f"ddp_model must be a torch.nn.parallel.DistributedDataParallel, got "
@@ -55,11 +62,12 @@ def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None
             raise ValueError(f"state= already holds its settings (algorithm={state.algorithm!r}"
                              f", ...); got {sorted(given)} too: pass settings only for a new "
                              "state")
-        state.attach(topology or Topology.build(ranks_per_node))
     else:
         # A bad setting fails here, before any collective call.
         state = SyncState(None, algorithm if algorithm is not None else "hitopk", **settings)
-        state.attach(topology or Topology.build(ranks_per_node))
+    if topology is not None and not isinstance(topology, Topology):
+        raise TypeError(f"topology must be a thinwire Topology, got {type(topology).__name__}")
+    state.attach(topology or Topology.shared(ranks_per_node, timeout))
     context = _HookContext(state, ddp_model.module)
     ddp_model.register_comm_hook(context, _hook)
     ddp_model._thinwire_state = state
@@ -67,19 +75,29 @@ def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None
 
 
 class _HookContext:
-    """What the hook needs besides the SyncState: DDP's parameters' model order and the worker."""
+    """What the hook needs besides the SyncState: the model order of DDP's parameters."""
 
     def __init__(self, state: SyncState, module: torch.nn.Module):
         self.state = state
         self.param_index = {id(p): i for i, p in enumerate(module.parameters())}
-        self.jobs: Optional[queue.Queue] = None
 
-    def worker(self) -> queue.Queue:
-        if self.jobs is None:
-            self.jobs = queue.Queue()
-            threading.Thread(target=_work, args=(self.state, self.jobs), daemon=True,
+
+# One worker thread per process, shared by every registered model, started on first use and
+# never ended: a thread per model would grow with every register(), and a thread that ends
+# (its thread-local state of torch and gloo torn down) while the process groups are destroyed
+# aborts the process ("terminate called without an active exception", seen on 4 ranks).
+_JOBS: Optional[queue.Queue] = None
+_JOBS_LOCK = threading.Lock()
+
+
+def _worker() -> queue.Queue:
+    global _JOBS
+    with _JOBS_LOCK:
+        if _JOBS is None:
+            _JOBS = queue.Queue()
+            threading.Thread(target=_work, args=(_JOBS,), daemon=True,
                              name="thinwire-sync").start()
-        return self.jobs
+        return _JOBS
 
 
 class _Layout:
@@ -136,16 +154,37 @@ def _hook(context: _HookContext, bucket) -> torch.futures.Future[torch.Tensor]:
     layout = _Layout(context, bucket)
     future: torch.futures.Future = torch.futures.Future()
     if buffer.is_cuda:
-        future.set_result(_reduce_bucket(context.state, index, buffer, layout, is_last))
-        return future
-    context.worker().put((index, buffer, layout, is_last, future))
-    return future
-
-
-def _work(state: SyncState, jobs: queue.Queue) -> None:
-    while True:
-        index, buffer, layout, is_last, future = jobs.get()
         try:
-            future.set_result(_reduce_bucket(state, index, buffer, layout, is_last))
-        except BaseException as exc:  # hand every failure to the training thread
+            future.set_result(_reduce_bucket(context.state, index, buffer, layout, is_last))
+        except Exception as exc:
             future.set_exception(exc)
+    else:
+        _worker().put((context.state, index, buffer, layout, is_last, future))
+    # torch.futures.Future.set_exception stores the exception as the *value*, which DDP's C++
+    # side then fails to cast ("Unable to cast ... to Tensor"). A callback that re-raises it
+    # marks the chained future failed in C++, and backward() re-raises the original exception.
+    return future.then(_value)
+
+
+def _value(future: torch.futures.Future) -> torch.Tensor:
+    return future.value()
+
+
+def _work(jobs: queue.Queue) -> None:
+    failed: dict = {}  # SyncState id -> the exception that failed its current step
+    while True:
+        state, index, buffer, layout, is_last, future = jobs.get()
+        earlier = failed.get(id(state))
+        if earlier is not None:  # the rest of a failed step is not sent: peers may be gone
+            future.set_exception(RuntimeError(
+                f"thinwire: bucket {index} not synchronised: an earlier bucket of this step "
+                f"failed with {type(earlier).__name__}: {earlier}"))
+        else:
+            try:
+                future.set_result(_reduce_bucket(state, index, buffer, layout, is_last))
+            except Exception as exc:  # hand every failure to the training thread
+                failed[id(state)] = exc
+                future.set_exception(exc)
+        if is_last:  # the next step tries again (and fails at once if the groups are broken)
+            failed.pop(id(state), None)
+        del state, buffer, layout, future  # hold nothing of a model while waiting

@@ -16,6 +16,7 @@ import time
 from contextlib import contextmanager
 
 import torch
+import torch.distributed as dist
 
 from thinwire import collectives
 from thinwire.collectives.primitives import dense_allreduce
@@ -26,6 +27,8 @@ from thinwire.feedback import ErrorFeedback
 
 # What a checkpoint must agree on to continue this state's residuals (see load_state_dict).
 IDENTITY = ("algorithm", "density", "selector", "momentum_correction", "error_feedback")
+NONFINITE_POLICIES = ("raise", "skip")
+PHASES = {"select": "top-k selection", "intra": "intra-node", "inter": "inter-node"}
 
 
 def _check_int(name: str, value, low: int = 0) -> int:
@@ -53,7 +56,14 @@ class SyncState:
       optimizer then runs without momentum;
     * ``dense_iterations``: the first N steps are all-reduced densely (a warm-up);
     * ``weight_decay``: ``wd * p`` added to every gradient before any momentum (the optimizer's
-      own weight decay must then be 0).
+      own weight decay must then be 0);
+    * ``nonfinite``: what a NaN/Inf in any rank's gradient does, decided by all ranks together
+      (a one-hot flag all-reduced per bucket before anything else is sent): "raise" (default)
+      ends the step with FloatingPointError on every rank, naming the ranks; "skip" returns a
+      zero bucket on every rank, keeps the residuals as they were, and sets
+      ``last_step["nonfinite"]`` on every rank: skip ``optimizer.step()`` then, as GradScaler
+      does (its other buckets were sent as usual; their step is dropped with it).
+    * ``algorithm_options``: the algorithm's own settings (e.g. oktopk's ``tau``), checked by it.
     """
 
     def __init__(self, topology, algorithm: str = "hitopk", density: float = 0.01,
@@ -61,11 +71,14 @@ class SyncState:
                  wire: str | None = None, error_feedback: bool = True,
                  dense_below_bytes: int = DEFAULT_DENSE_BELOW_BYTES,
                  momentum_correction: float = 0.0, dense_iterations: int = 0,
-                 weight_decay: float = 0.0):
+                 weight_decay: float = 0.0, nonfinite: str = "raise",
+                 algorithm_options: dict | None = None):
         spec = collectives.get(algorithm)
         if not isinstance(error_feedback, bool):
             raise ValueError(f"error_feedback must be True or False, got {error_feedback!r}")
         self.algorithm = algorithm
+        self.algorithm_options = spec.check_options(algorithm_options)
+        self.algorithm_state: dict = {}  # per bucket, the algorithm's own (e.g. thresholds)
         self.compressor = TopK(density, selector, dict(selector_options or {}))
         self.wire = None if wire in (None, "none") else wire
         self.wire_dtype = wire_dtype(wire)
@@ -80,10 +93,15 @@ class SyncState:
             raise ValueError(f"dense_iterations applies to the sparse algorithms "
                              f"({', '.join(collectives.sparse_names())}); {algorithm!r} is dense "
                              f"every step already, got dense_iterations={dense_iterations!r}")
+        if nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"nonfinite must be one of {', '.join(NONFINITE_POLICIES)}, got "
+                             f"{nonfinite!r}")
+        self.nonfinite = nonfinite
         self.error_feedback = error_feedback
         self.feedback = ErrorFeedback(error_feedback and spec.sparse, momentum_correction)
         self.topology = topology
         self.steps = 0
+        self._bucket = None  # the bucket being reduced, for error messages
         self.last_step: dict = {}
         self.totals = _empty_step()
         self._current = _empty_step()
@@ -97,7 +115,9 @@ class SyncState:
                 "error_feedback": self.error_feedback,
                 "dense_below_bytes": self.dense_below_bytes,
                 "momentum_correction": self.feedback.momentum,
-                "dense_iterations": self.dense_iterations, "weight_decay": self.weight_decay}
+                "dense_iterations": self.dense_iterations, "weight_decay": self.weight_decay,
+                "nonfinite": self.nonfinite,
+                "algorithm_options": dict(self.algorithm_options)}
 
     # ------------------------------------------------------------------ the algorithm
 
@@ -123,9 +143,33 @@ class SyncState:
         if not flat.is_floating_point():
             raise TypeError(f"gradients must have a floating dtype, got {flat.dtype}")
         self.feedback.layout = layout
+        self._bucket = bucket_index
+        if self._any_rank_nonfinite(flat):
+            return torch.zeros_like(flat)  # policy "skip" (or it raised)
         if self.steps < self.dense_iterations:
             return self.feedback.dense_momentum(bucket_index, dense_allreduce(self, flat))
         return collectives.get(self.algorithm).reduce(self, bucket_index, flat)
+
+    def _any_rank_nonfinite(self, flat: torch.Tensor) -> bool:
+        """All ranks learn together whether any rank's bucket holds a NaN or Inf (a sparse
+        selection would fail on one rank only and leave the others waiting)."""
+        topo = self.topology
+        flags = torch.zeros(topo.world_size, dtype=torch.float32, device=flat.device)
+        flags[topo.rank] = 0.0 if bool(torch.isfinite(flat).all()) else 1.0
+        if topo.world_size > 1:
+            with self.timer("inter" if topo.nodes > 1 else "intra"):
+                dist.all_reduce(flags, group=topo.world)
+        bad = [rank for rank, flag in enumerate(flags.tolist()) if flag]
+        if not bad:
+            return False
+        if self.nonfinite == "raise":
+            raise FloatingPointError(
+                f"non-finite gradient (NaN or Inf) in bucket {self._bucket} at step "
+                f"{self.steps} on rank(s) {bad}; every rank stops here. To skip such steps "
+                "instead, as GradScaler does, use nonfinite='skip' and skip optimizer.step() "
+                "when state.last_step['nonfinite'] is set")
+        self._current["nonfinite"] = 1.0
+        return True
 
     def end_step(self) -> None:
         self._current["comm_s"] = self._current["intra_s"] + self._current["inter_s"]
@@ -150,6 +194,10 @@ class SyncState:
         start = time.perf_counter()
         try:
             yield
+        except Exception as exc:  # name where it failed (a timeout names the stuck phase)
+            exc.add_note(f"thinwire {self.algorithm}: failed in the {PHASES.get(what, what)} "
+                         f"phase of bucket {self._bucket} at step {self.steps}")
+            raise
         finally:
             if device_sync:
                 device_sync()
@@ -168,6 +216,12 @@ class SyncState:
         return state
 
     def __setstate__(self, state):
+        # settings added later keep their old behaviour in pickles written before them
+        for name, default in (("nonfinite", "raise"), ("dense_iterations", 0),
+                              ("weight_decay", 0.0), ("_bucket", None),
+                              ("algorithm_options", {}), ("algorithm_state", {})):
+            state.setdefault(name, default)
+        state.setdefault("error_feedback", bool(state["feedback"].get("enabled", True)))
         feedback = ErrorFeedback()
         feedback.load_state_dict(state["feedback"])
         state["feedback"] = feedback
@@ -176,7 +230,8 @@ class SyncState:
 
     def state_dict(self) -> dict:
         """Plain tensors and numbers (loads with ``torch.load(weights_only=True)``)."""
-        return {**self.settings, "steps": self.steps, "feedback": self.feedback.state_dict()}
+        return {**self.settings, "steps": self.steps, "feedback": self.feedback.state_dict(),
+                "algorithm_state": {i: dict(s) for i, s in self.algorithm_state.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         """Residuals and step count of a checkpoint whose identity settings equal this state's
@@ -198,10 +253,12 @@ class SyncState:
             raise ValueError(f"SyncState checkpoint: steps must be an int >= 0, got {steps!r}")
         self.steps = steps
         self.feedback.load_state_dict(state["feedback"])
+        self.algorithm_state = {int(i): dict(s)
+                                for i, s in state.get("algorithm_state", {}).items()}
 
 
 def _empty_step() -> dict:
     # intra_s: collectives inside a node; inter_s: collectives that span nodes (the inter-node
     # groups and the world group); comm_s = intra_s + inter_s.
     return {"bytes_intra": 0.0, "bytes_inter": 0.0, "select_s": 0.0, "intra_s": 0.0,
-            "inter_s": 0.0, "comm_s": 0.0}
+            "inter_s": 0.0, "comm_s": 0.0, "nonfinite": 0.0}

@@ -12,6 +12,8 @@ rank in the same order (``torch.distributed.new_group`` requires that):
 
 from __future__ import annotations
 
+import datetime
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -40,27 +42,81 @@ class Topology:
     def local_rank(self) -> int:
         return self.rank % self.ranks_per_node
 
+    timeout: datetime.timedelta | None = None
+
     @classmethod
-    def build(cls, ranks_per_node: int | None = None) -> "Topology":
+    def build(cls, ranks_per_node: int | None = None,
+              timeout: datetime.timedelta | float | None = None) -> "Topology":
         """Collective: every rank calls it. ``ranks_per_node`` defaults to torchrun's
         ``LOCAL_WORLD_SIZE`` (or ``THINWIRE_RANKS_PER_NODE``), so one machine can act as several
-        nodes when it is given explicitly."""
+        nodes when it is given explicitly. ``timeout`` (a timedelta or seconds) bounds every
+        collective on the groups; by default the one given to ``init_process_group``, so a
+        frozen peer ends thinwire's collectives as soon as it ends the user's own."""
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed must be initialised before building a Topology "
                                "(call torch.distributed.init_process_group first)")
+        timeout = _check_timeout(timeout) if timeout is not None else default_timeout()
         world_size, rank = dist.get_world_size(), dist.get_rank()
         n = _ranks_per_node_from(ranks_per_node, world_size)
         _check_all_ranks_agree(n, world_size)
-        world = dist.new_group(list(range(world_size)))
+        world = dist.new_group(list(range(world_size)), timeout=timeout)
         intra, _ = dist.new_subgroups_by_enumeration(
-            [list(range(node * n, (node + 1) * n)) for node in range(world_size // n)])
+            [list(range(node * n, (node + 1) * n)) for node in range(world_size // n)],
+            timeout=timeout)
         inter, _ = dist.new_subgroups_by_enumeration(
-            [list(range(local, world_size, n)) for local in range(n)])
-        return cls(world_size, rank, n, world, intra, inter)
+            [list(range(local, world_size, n)) for local in range(n)], timeout=timeout)
+        return cls(world_size, rank, n, world, intra, inter, timeout)
+
+    @classmethod
+    def shared(cls, ranks_per_node: int | None = None,
+               timeout: datetime.timedelta | float | None = None) -> "Topology":
+        """:meth:`build`, once per (default process group, ranks per node, timeout): models
+        registered one after another reuse the same groups instead of opening new sockets
+        each time. Collective like :meth:`build` (every rank makes the same calls, so every
+        rank hits or misses the cache alike)."""
+        if not dist.is_initialized():
+            return cls.build(ranks_per_node, timeout)  # raises the clear error
+        default = dist.distributed_c10d._get_default_group()
+        n = _ranks_per_node_from(ranks_per_node, dist.get_world_size())
+        limit = _check_timeout(timeout) if timeout is not None else default_timeout()
+        key = (id(default), n, limit)
+        cached = _SHARED.get(key)
+        if cached is None or cached[0] is not default:
+            # the default group is kept in the entry, so its id cannot be reused by a new one
+            _SHARED[key] = (default, cls.build(n, limit))
+        return _SHARED[key][1]
+
+
+_SHARED: dict = {}
+
+
+def default_timeout() -> datetime.timedelta | None:
+    """The timeout the user gave ``init_process_group`` (None where the backend hides it)."""
+    try:
+        group = dist.distributed_c10d._get_default_group()
+        device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
+        return group._get_backend(device).options._timeout
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+
+
+def _check_timeout(timeout) -> datetime.timedelta:
+    if isinstance(timeout, datetime.timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    else:
+        raise ValueError(f"timeout must be a datetime.timedelta or a number of seconds > 0, got "
+                         f"{timeout!r}")
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"timeout must be finite and > 0 seconds, got {timeout!r}")
+    return datetime.timedelta(seconds=seconds)
 
 
 def _ranks_per_node_from(ranks_per_node: int | None, world_size: int) -> int:
     source = "ranks_per_node"
+    if isinstance(ranks_per_node, (bool, float)):
+        raise ValueError(f"ranks_per_node must be an integer >= 1, got {ranks_per_node!r}")
     if ranks_per_node is None:
         for name in ("THINWIRE_RANKS_PER_NODE", "LOCAL_WORLD_SIZE"):
             if os.environ.get(name):

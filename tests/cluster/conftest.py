@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from thinwire.cluster import netns
-from thinwire.cluster import launch
+from thinwire.cluster import cgroups, launch, netns
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -34,8 +33,10 @@ def _host_snapshot() -> tuple[str, str]:
 
 
 def _run_leftovers(run_id: str) -> list[str]:
-    """Everything of run `run_id` still present: namespaces, host links, /etc/netns, state."""
+    """Everything of run `run_id` still present: namespaces, host links, /etc/netns, state,
+    node cgroups."""
     found = [ns for ns in netns.list_namespaces() if ns.startswith(f"thinwire-{run_id}-")]
+    found += cgroups.find_run_cgroups(f"thinwire-{run_id}-")
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     found += [line for line in links.splitlines() if run_id in line]
     found += [str(p) for p in netns.NETNS_ETC.glob(f"thinwire-{run_id}-*")]

@@ -1,8 +1,9 @@
 """End to end: `thinwire compare` with a tiny configuration (2 algorithms, a few steps), shaped
 when this machine can (root, ip, tc), on loopback otherwise; then an interrupted compare is
-re-run and only the missing run is launched again."""
+re-run and only the missing run is launched again. The language-model workload too, tiny."""
 
 import json
+import stat
 
 import pytest
 
@@ -14,10 +15,11 @@ SHAPED = not missing_requirements()
 
 
 def test_compare_end_to_end_and_resume(tmp_path, cluster_leaks, monkeypatch):
-    settings = CompareSettings(algorithms=["ddp", "hitopk"], model="mlp", epochs=1, max_iters=6,
-                               batch_size=16, nodes=2, ranks_per_node=1, rates=["200mbit"],
-                               shaping=SHAPED, target_accuracy=0.2, evals_per_epoch=2,
-                               timeout_s=240)
+    settings = CompareSettings(algorithms=["ddp", "hitopk"], nodes=2, ranks_per_node=1,
+                               rates=["200mbit"], shaping=SHAPED, target=0.2, budget_s=120,
+                               stop_at_target=False, eval_every=3, timeout_s=240,
+                               train={"model": "mlp", "epochs": 1, "max_iters": 6,
+                                      "batch_size": 16})
     results = compare(settings, tmp_path, progress=False)
 
     assert results["setting"]["model"] == "mlp" and results["setting"]["shaping"] == SHAPED
@@ -26,16 +28,25 @@ def test_compare_end_to_end_and_resume(tmp_path, cluster_leaks, monkeypatch):
     for run in runs.values():
         assert run["status"] == "ok", run
         for key in ("samples_per_s", "sync_ms_per_iter", "inter_node_mb_per_iter",
-                    "test_accuracy", "time_to_target_s"):
+                    "test_accuracy", "time_to_target_s", "quality_at_budget", "step_split_ms",
+                    "time_to_target_resolution_s"):
             assert key in run
         assert run["samples_per_s"] > 0 and 0 < run["test_accuracy"] <= 1
-        assert run["steps"] == 6 and run["curve"]
+        assert run["steps"] == 6 and [p["step"] for p in run["curve"]] == [3, 6]
+        assert run["stop_reason"] == "end" and run["quality_at_budget"] == run["test_accuracy"]
+        assert run["setting"]["lr"] == 0.05 and run["setting"]["workload"] == "mnist"
+        assert run["step_split_ms"]["compute"] > 0
+    assert set(runs["hitopk"]["step_split_ms"]) == {"compute", "selection", "intra_node",
+                                                    "inter_node", "idle"}
+    assert set(runs["ddp"]["step_split_ms"]) == {"compute", "sync"}
     # hitopk sends a few percent of ddp's bytes between the nodes.
     assert runs["hitopk"]["inter_node_mb_per_iter"] < 0.5 * runs["ddp"]["inter_node_mb_per_iter"]
     assert runs["ddp"]["speedup_vs_ddp"] == pytest.approx(1.0)
     on_disk = json.loads((tmp_path / "results.json").read_text())
     assert [r["algorithm"] for r in on_disk["runs"]] == ["ddp", "hitopk"]
-    for name in ("report.md", "accuracy_vs_time.png", "throughput.png"):
+    assert stat.S_IMODE((tmp_path / "results.json").stat().st_mode) & 0o044 == 0o044
+    for name in ("report.md", "time_to_target.png", "quality_vs_time.png", "bytes_on_wire.png",
+                 "step_split.png", "throughput.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert "hitopk" in (tmp_path / "report.md").read_text()
 
@@ -45,7 +56,8 @@ def test_compare_end_to_end_and_resume(tmp_path, cluster_leaks, monkeypatch):
     real_run = compare_mod.cluster_run
 
     def counting_run(spec, command, **kwargs):
-        launched.append(command[command.index("--algorithm") + 1])
+        config = json.loads(open(command[command.index("--config") + 1]).read())
+        launched.append(config["algorithm"])
         return real_run(spec, command, **kwargs)
 
     monkeypatch.setattr(compare_mod, "cluster_run", counting_run)
@@ -53,3 +65,21 @@ def test_compare_end_to_end_and_resume(tmp_path, cluster_leaks, monkeypatch):
     assert launched == ["hitopk"]
     assert again["runs"][0]["samples_per_s"] == runs["ddp"]["samples_per_s"]
     assert again["runs"][1]["status"] == "ok"
+
+
+def test_compare_lm_workload_stops_at_its_budget(tmp_path, cluster_leaks):
+    """The byte-level transformer, judged by held-out bits per byte; a budget shorter than two
+    steps ends the run at its first evaluation."""
+    settings = CompareSettings(workload="lm", algorithms=["powersgd"], nodes=2,
+                               ranks_per_node=1, rates=["200mbit"], shaping=SHAPED,
+                               target=3.5, budget_s=0.001, eval_every=2, timeout_s=300,
+                               train={"max_iters": 8, "batch_size": 2})
+    results = compare(settings, tmp_path, progress=False)
+    run = results["runs"][0]
+    assert run["status"] == "ok", run
+    assert run["metric"] == "bits_per_byte" and results["setting"]["metric"] == "bits_per_byte"
+    assert run["stop_reason"] == "budget" and run["steps"] == 2 and len(run["curve"]) == 1
+    assert 0 < run["curve"][0]["bits_per_byte"] < 100  # nats / ln 2, finite
+    assert run["time_to_target_s"] is None  # a miss
+    assert run["quality_at_budget"] is None  # the only evaluation came after the budget
+    assert "missed (0.001 s)" in (tmp_path / "report.md").read_text()

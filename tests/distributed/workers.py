@@ -17,11 +17,11 @@ from reference import gradient
 
 
 def sync_steps(rank, world, ranks_per_node, algorithm, density, lengths, steps, wire=None,
-               momentum=0.0):
+               momentum=0.0, options=None):
     """synchronize() on float64 parameters, one bucket per parameter, for several steps."""
     topo = Topology.build(ranks_per_node)
     state = SyncState(topo, algorithm, density, selector="exact", wire=wire, dense_below_bytes=0,
-                      momentum_correction=momentum)
+                      momentum_correction=momentum, algorithm_options=options)
     params = [nn.Parameter(torch.zeros(n, dtype=torch.float64)) for n in lengths]
     out = []
     for step in range(steps):
@@ -31,12 +31,13 @@ def sync_steps(rank, world, ranks_per_node, algorithm, density, lengths, steps, 
         thinwire.synchronize(params, state, bucket_bytes=1)
         out.append([p.grad.clone() for p in params])
     return {"grads": out, "last_step": state.last_step, "feedback": state.feedback.state_dict(),
-            "topology": (topo.nodes, topo.node, topo.local_rank)}
+            "topology": (topo.nodes, topo.node, topo.local_rank),
+            "algorithm_state": state.state_dict()["algorithm_state"]}
 
 
 def sync_many(rank, world, ranks_per_node, configs, lengths, steps):
-    """sync_steps for several (name, algorithm, density, wire[, momentum]) configurations in one
-    launch."""
+    """sync_steps for several (name, algorithm, density, wire[, momentum[, options]])
+    configurations in one launch."""
     return {name: sync_steps(rank, world, ranks_per_node, algorithm, density, lengths, steps, wire,
                              *rest)
             for name, algorithm, density, wire, *rest in configs}

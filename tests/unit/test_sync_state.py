@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 
 import pytest
 import torch
@@ -15,7 +16,8 @@ from thinwire.sync import buckets
 
 def test_unknown_algorithm_lists_the_allowed_ones():
     with pytest.raises(ValueError, match="algorithm must be one of allreduce, hier_allreduce, "
-                                         "hitopk, topk_allgather, got 'ring'"):
+                                         "hitopk, oktopk, topk_a2a, topk_allgather, "
+                                         "got 'ring'"):
         SyncState(None, "ring")
 
 
@@ -124,3 +126,35 @@ def test_momentum_correction_out_of_range(momentum):
 def test_momentum_correction_needs_a_sparse_algorithm():
     with pytest.raises(ValueError, match="momentum_correction needs a sparse algorithm"):
         SyncState(None, "allreduce", momentum_correction=0.9)
+
+
+@pytest.mark.parametrize("setting, value, message", [
+    ("dense_iterations", True, "dense_iterations must be an int >= 0, got True"),
+    ("dense_iterations", -1, "dense_iterations must be an int >= 0, got -1"),
+    ("weight_decay", float("inf"), "weight_decay must be a finite number >= 0.0, got inf"),
+    ("weight_decay", -0.1, "weight_decay must be a finite number >= 0.0, got -0.1"),
+    ("dense_below_bytes", 1.5, "dense_below_bytes must be an int >= 0, got 1.5"),
+    ("nonfinite", "ignore", "nonfinite must be one of raise, skip, got 'ignore'"),
+    ("error_feedback", "yes", "error_feedback must be True or False, got 'yes'"),
+])
+def test_every_setting_is_checked_where_it_enters(setting, value, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SyncState(None, "hitopk", **{setting: value})
+
+
+def test_dense_warmup_is_refused_for_a_dense_algorithm():
+    with pytest.raises(ValueError, match="dense_iterations applies to the sparse algorithms"):
+        SyncState(None, "allreduce", dense_iterations=3)
+
+
+def test_state_dict_holds_every_setting():
+    state = SyncState(None, "hitopk", 0.05, "exact", wire="bf16", momentum_correction=0.9,
+                      dense_iterations=2, weight_decay=1e-4, nonfinite="skip")
+    saved = state.state_dict()
+    assert {k: saved[k] for k in state.settings} == state.settings
+    assert saved["wire"] == "bf16" and saved["dense_iterations"] == 2
+    restored = SyncState(None, "hitopk", 0.05, "exact", momentum_correction=0.9)
+    restored.load_state_dict(saved)
+    assert restored.steps == 0
+    with pytest.raises(ValueError, match=r"steps must be an int >= 0, got -7"):
+        restored.load_state_dict({**saved, "steps": -7})

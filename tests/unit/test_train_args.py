@@ -43,9 +43,13 @@ def test_cli_reports_bad_input_in_one_line(capsys):
 @pytest.mark.parametrize("changes, words", [
     ({"algorithms": ["ddp", "bogus"]}, ["--algorithms", "'bogus'", "hitopk"]),
     ({"algorithms": []}, ["--algorithms"]),
-    ({"model": "gpt5"}, ["--model", "'gpt5'"]),
+    ({"train": {"model": "gpt5"}}, ["--model", "'gpt5'"]),
     ({"rates": ["fast"]}, ["--inter-node-bandwidth", "'fast'"]),
-    ({"density": -1.0}, ["--density", "-1.0"]),
+    ({"train": {"density": -1.0}}, ["--density", "-1.0"]),
+    ({"workload": "cifar"}, ["--workload", "'cifar'", "mnist", "lm"]),
+    ({"budget_s": -3.0}, ["--budget-s", "-3.0", ">= 0"]),
+    ({"workload": "lm", "target": 0.9, "train": {"model": "widecnn"}},
+     ["--model widecnn", "workload lm"]),
 ])
 def test_compare_settings_errors(changes, words):
     with pytest.raises(ValueError) as info:
@@ -58,3 +62,6 @@ def test_compare_cli_rejects_unknown_algorithm_before_running(tmp_path, capsys):
     assert main(["compare", "--out", str(tmp_path), "--algorithms", "ddp,foo"]) == 2
     assert "unknown algorithm 'foo'" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+    assert main(["compare", "--out", str(tmp_path), "--workload", "lm", "--target", "9"]) == 2
+    assert "--target for bits_per_byte must be a number in (0, 8], got 9" in \
+        capsys.readouterr().err

@@ -21,6 +21,8 @@ BENCH_MODULES = [
     "thinwire.bench.cache",
     "thinwire.bench.des",
     "thinwire.bench.cpr",
+    "thinwire.bench.cluster_resources",
+    "thinwire.bench.pipeline",
 ]
 
 

@@ -15,6 +15,7 @@ import tempfile
 
 from thinwire.bench.report import format_table, save_if_asked
 from thinwire import collectives
+from thinwire.cluster.cli import add_resource_options, resource_kwargs
 
 COLUMNS = ("algorithm", "median_s", "vs_allreduce", "vs_topk_allgather", "inter_mb", "intra_mb",
            "select_s", "intra_s", "inter_s")
@@ -48,7 +49,9 @@ def run(spec, size: int = 25_600_000, bucket_mb: float = 25.0, density: float = 
     result["setting"] = {"nodes": spec.nodes, "ranks_per_node": spec.ranks_per_node,
                          "inter_node_bandwidth": spec.inter_node_bandwidth,
                          "intra_node_bandwidth": spec.intra_node_bandwidth,
-                         "shaping": spec.shaping, "size": size, "bucket_mb": bucket_mb,
+                         "shaping": spec.shaping, "node_cpus": spec.node_cpus,
+                         "node_memory": spec.node_memory, "link_classes": spec.link_classes,
+                         "size": size, "bucket_mb": bucket_mb,
                          "density": density, "selector": selector, "repeats": repeats}
     return result
 
@@ -59,7 +62,7 @@ def _main(args: argparse.Namespace) -> int:
     spec = ClusterSpec(nodes=args.nodes, ranks_per_node=args.ranks_per_node,
                        inter_node_bandwidth=args.inter_node_bandwidth,
                        intra_node_bandwidth=args.intra_node_bandwidth,
-                       shaping=not args.no_shaping)
+                       shaping=not args.no_shaping, **resource_kwargs(args))
     result = run(spec, args.size, args.bucket_mb, args.density, args.selector, args.algorithms,
                  args.repeats)
     print(format_table(result["rows"], COLUMNS))
@@ -84,4 +87,5 @@ def register(bench_subparsers) -> None:
                         default=list(collectives.names()))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", metavar="PATH")
+    add_resource_options(parser)
     parser.set_defaults(func=_main)

@@ -4,6 +4,9 @@ Builds the same network `run` builds and measures, with real traffic:
   - inter-node: a TCP bulk transfer node1 -> node0 (bandwidth) and a 1-byte TCP ping-pong (latency,
     one-way = RTT / 2), between two node namespaces, i.e. through both shaped hops and the bridge;
   - intra-node: the same inside node 0 (over its loopback, which is what ranks of a node use);
+  - with --node-cpus / --node-memory / --link-classes: the CPU rate a busy loop gets per node,
+    whether the memory limit is enforced and a high-class flow's rate under low-class
+    congestion (see check_resources.py);
   - a gloo all-reduce over all ranks, launched exactly like a training job, checked for the
     right result, reported as time and bus bandwidth (2 (W-1)/W * bytes / time).
 """
@@ -16,18 +19,23 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 from typing import IO
 
+from thinwire.cluster.check_resources import check_resources
 from thinwire.cluster.launch import new_run_id, run
 from thinwire.ports import free_port
 from thinwire.cluster.netns import Network
 from thinwire.cluster.spec import ClusterSpec, format_latency, format_rate
 
 PROBE_PORT = 29700
+# The probes' socket programs use the standard library only: run as a file, they start without
+# importing the thinwire package (and torch), seconds faster on a loaded machine.
+PROBE_SCRIPT = str(Path(__file__).with_name("probe.py"))
 
 
 def _probe(prefix: list[str], *args: str) -> list[str]:
-    return prefix + [sys.executable, "-m", "thinwire.cluster.probe", *args]
+    return prefix + [sys.executable, PROBE_SCRIPT, *args]
 
 
 def _pair(server_prefix: list[str], client_prefix: list[str], host: str, port: int,
@@ -55,10 +63,10 @@ def _pair(server_prefix: list[str], client_prefix: list[str], host: str, port: i
 
 
 def measure_bandwidth(server_prefix: list[str], client_prefix: list[str], host: str,
-                      seconds: float = 1.0, port: int = PROBE_PORT) -> float:
-    """Steady-state TCP goodput client -> server, in bit/s."""
+                      seconds: float = 1.0, port: int = PROBE_PORT, tos: int = 0) -> float:
+    """Steady-state TCP goodput client -> server, in bit/s; `tos`: the sender's IP_TOS."""
     received, _ = _pair(server_prefix, client_prefix, host, port,
-                        ["bandwidth", "--seconds", str(seconds)])
+                        ["bandwidth", "--seconds", str(seconds), "--tos", str(tos)])
     if not received.get("seconds"):
         raise RuntimeError(f"bandwidth probe too short to measure: {received}")
     return received["bytes"] * 8 / received["seconds"]
@@ -119,14 +127,20 @@ def measure_allreduce(spec: ClusterSpec, timeout_s: float = 300.0,
     captured = io.StringIO()  # the ranks' lines, shown only if the probe fails
     with tempfile.TemporaryDirectory(prefix="thinwire-check-") as tmp:
         path = os.path.join(tmp, "allreduce.json")
+        stats = os.path.join(tmp, "accounting.json") if spec.shaping else None
         status = run(spec, ["-m", "thinwire.cluster.probe", "allreduce", "--numel", str(numel),
                             "--iters", "3", "--json", path],
-                     timeout_s=timeout_s, output=output if output is not None else captured)
+                     timeout_s=timeout_s, output=output if output is not None else captured,
+                     stats_path=stats)
         if status != 0 or not os.path.exists(path):
             tail = "".join(captured.getvalue().splitlines(keepends=True)[-20:])
             raise RuntimeError(f"all-reduce probe failed with status {status}:\n{tail}")
         with open(path) as handle:
             result = json.load(handle)
+        if stats is not None and os.path.exists(stats):
+            # Per-node CPU, memory and link bytes over the all-reduce run, 100 ms series.
+            with open(stats) as handle:
+                result["accounting"] = json.load(handle)
     world = result["world_size"]
     factor = 2 * (world - 1) / world if world > 1 else 1.0
     result["busbw_bps"] = factor * result["bytes"] * 8 / result["seconds_median"]
@@ -140,10 +154,13 @@ def check(spec: ClusterSpec, seconds: float = 1.0, allreduce: bool = True) -> di
         if network is not None:
             network.create()
         rows = measure_links(spec, network, seconds)
+        resources = (check_resources(spec, network, seconds, PROBE_PORT + 10)
+                     if network is not None else {"rows": [], "priority": {}})
     finally:
         if network is not None:
             network.teardown()
-    report = {"spec": spec.describe(), "shaping": spec.shaping, "rows": rows}
+    report = {"spec": spec.describe(), "shaping": spec.shaping, "rows": rows,
+              "resources": resources["rows"], "priority": resources["priority"]}
     if allreduce:
         ar = measure_allreduce(spec)
         report["allreduce"] = ar

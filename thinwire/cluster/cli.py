@@ -6,6 +6,9 @@ import argparse
 import logging
 import sys
 
+from thinwire.cluster.accounting import NodeOutOfMemory
+from thinwire.cluster.cgroups import CgroupsUnavailable
+from thinwire.cluster.launch import EXIT_OOM
 from thinwire.output import format_table, write_json_atomic
 from thinwire.cluster.netns import ShapingUnavailable, cleanup_dead_runs
 from thinwire.cluster.spec import ClusterSpec
@@ -28,6 +31,36 @@ def _add_spec_options(parser: argparse.ArgumentParser, default_ranks: int) -> No
                         help="packet loss between two nodes, in percent: 0.1, 1%%")
     parser.add_argument("--no-shaping", action="store_true",
                         help="no namespaces or tc (no root needed): N torchruns on 127.0.0.1")
+    add_resource_options(parser)
+
+
+def add_resource_options(parser: argparse.ArgumentParser) -> None:
+    """--node-cpus, --node-memory, --best-effort-limits, --link-classes, --class-queue: shared
+    with `thinwire compare` and `bench sync` (read back with `resource_kwargs`)."""
+    group = parser.add_argument_group("node budgets and priority classes")
+    group.add_argument("--node-cpus", type=float, default=None, metavar="CORES",
+                       help="CPU cores each node may use (CFS quota): 0.25, 0.5, 1 (needs the "
+                            "cgroup cpu controller)")
+    group.add_argument("--node-memory", default=None, metavar="SIZE",
+                       help="hard memory limit per node, swap off: 512m, 2g (binary units); "
+                            "a node past it is killed and the run fails naming it")
+    group.add_argument("--best-effort-limits", action="store_true",
+                       help="without cgroup controllers: warn and run without the limits "
+                            "instead of failing")
+    group.add_argument("--link-classes", type=int, default=None, metavar="K",
+                       help="strict-priority classes on every node link (2..8); a sender picks "
+                            "its class with IP_TOS (thinwire.cluster.qos.tos_for_class)")
+    group.add_argument("--class-queue", type=int, nargs="+", default=None, metavar="PACKETS",
+                       help="queue length of each class in packets: one value for all or one "
+                            "per class, highest class first (default 1000)")
+
+
+def resource_kwargs(args: argparse.Namespace) -> dict:
+    """The ClusterSpec keyword arguments of `add_resource_options`."""
+    queue = args.class_queue
+    return {"node_cpus": args.node_cpus, "node_memory": args.node_memory,
+            "best_effort_limits": args.best_effort_limits, "link_classes": args.link_classes,
+            "class_queue": (queue[0] if len(queue) == 1 else tuple(queue)) if queue else None}
 
 
 def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
@@ -36,7 +69,7 @@ def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
                        else args.inter_node_bandwidth,
                        inter_node_latency=args.inter_node_latency,
                        intra_node_bandwidth=args.intra_node_bandwidth, loss=args.loss,
-                       shaping=not args.no_shaping)
+                       shaping=not args.no_shaping, **resource_kwargs(args))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -52,10 +85,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise ValueError(f"--timeout must be >= 0 seconds (0 = no limit), got {args.timeout:g}")
     spec = spec_from_args(args)
     try:
-        return run(spec, command, timeout_s=args.timeout or None)
-    except ShapingUnavailable as exc:
+        return run(spec, command, timeout_s=args.timeout or None, stats_path=args.stats_json)
+    except (ShapingUnavailable, CgroupsUnavailable) as exc:
         print(f"thinwire: error: {exc}", file=sys.stderr)
         return 2
+    except NodeOutOfMemory as exc:
+        print(f"thinwire: error: {exc}", file=sys.stderr)
+        return EXIT_OOM
     except KeyboardInterrupt:
         return 130
 
@@ -68,11 +104,17 @@ def _cmd_check(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     try:
         report = check(spec, seconds=args.seconds, allreduce=not args.no_allreduce)
-    except ShapingUnavailable as exc:
+    except (ShapingUnavailable, CgroupsUnavailable) as exc:
         print(f"thinwire: error: {exc}", file=sys.stderr)
         return 2
+    except NodeOutOfMemory as exc:  # the all-reduce ranks did not fit in --node-memory
+        print(f"thinwire: error: all-reduce probe: {exc}", file=sys.stderr)
+        return EXIT_OOM
     print(report["spec"])
     print(format_table(report["rows"], ["path", "metric", "requested", "measured", "ratio"]))
+    if report.get("resources"):
+        print(format_table(report["resources"], ["node", "metric", "requested", "measured",
+                                                 "ratio"]))
     if args.json:
         write_json_atomic(args.json, report)
     return 0 if report.get("allreduce", {}).get("correct", True) else 1
@@ -86,7 +128,14 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
         return 2
     for ns in removed:
         print(f"removed {ns}")
-    print(f"{len(removed)} namespace(s) of dead runs removed")
+    print(f"{len(removed)} namespace(s) and cgroup(s) of dead runs removed")
+    return 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from thinwire.cluster.plot import plot_file
+
+    print(f"wrote {plot_file(args.stats, args.out)}")
     return 0
 
 
@@ -101,6 +150,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS",
                    help="stop every rank and fail (status 124) after this long; a crashed rank "
                         "stops the run at once (default 3600, 0 = no limit)")
+    p.add_argument("--stats-json", default=None, metavar="PATH",
+                   help="write per-node accounting as JSON: CPU seconds, peak memory, bytes "
+                        "per link, a 100 ms time series, priority-class drops")
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="after --: SCRIPT [ARGS] or -m MODULE [ARGS], as torchrun takes them")
     p.set_defaults(func=_cmd_run)
@@ -111,6 +163,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-allreduce", action="store_true", help="skip the gloo all-reduce")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
     p.set_defaults(func=_cmd_check)
+
+    p = sub.add_parser("plot", help="plot a run's --stats-json: CPU, memory, link rates per node")
+    p.add_argument("stats", metavar="STATS_JSON")
+    p.add_argument("--out", default="nodes.png", metavar="PNG")
+    p.set_defaults(func=_cmd_plot)
 
     p = sub.add_parser("cleanup", help="remove what dead runs left behind (live runs untouched)")
     p.set_defaults(func=_cmd_cleanup)

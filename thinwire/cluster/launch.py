@@ -9,6 +9,7 @@ arrives. Namespaces, veths and qdiscs are deleted in every case.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -24,6 +25,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator
 
+from thinwire.output import write_json_atomic
+from thinwire.cluster.accounting import NodeMonitor
+from thinwire.cluster.cgroups import join as join_cgroups
 from thinwire.cluster.netns import Network, kill_namespace_processes
 from thinwire.cluster.spec import ClusterSpec
 from thinwire.ports import free_port
@@ -32,7 +36,10 @@ log = logging.getLogger(__name__)
 
 MASTER_PORT_IN_NAMESPACE = 29500  # each run's namespaces are fresh, so this port is always free
 TERMINATE_GRACE_S = 5.0
+# After a kernel OOM kill the job is lost anyway: a short grace gets the error to the user fast.
+OOM_TERMINATE_GRACE_S = 0.3
 EXIT_TIMEOUT = 124
+EXIT_OOM = 137  # what a shell reports for a SIGKILLed job; run() raises NodeOutOfMemory instead
 
 
 def validate_command(command: list[str]) -> None:
@@ -69,6 +76,8 @@ def node_env(spec: ClusterSpec, node: int, ifname: str, extra: dict | None) -> d
         "THINWIRE_CLUSTER_SHAPED": "1" if spec.shaping else "0",
         "PYTHONUNBUFFERED": "1",
     })
+    if spec.link_classes:  # what a rank needs for qos.tos_for_class
+        env["THINWIRE_LINK_CLASSES"] = str(spec.link_classes)
     env.setdefault("OMP_NUM_THREADS", "1")
     # torchrun --tee prefixes each rank's lines with this (it fills in ${rank}).
     env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = f"[node{node} rank${{rank}}]: "
@@ -114,7 +123,8 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _stop(procs: list[subprocess.Popen], network: Network | None) -> None:
+def _stop(procs: list[subprocess.Popen], network: Network | None,
+          grace_s: float = TERMINATE_GRACE_S) -> None:
     """SIGTERM every torchrun (it stops its ranks), then SIGKILL whatever is left."""
     alive = [p for p in procs if p.poll() is None]
     tree = {pid for p in alive for pid in _descendants(p.pid)}
@@ -123,7 +133,7 @@ def _stop(procs: list[subprocess.Popen], network: Network | None) -> None:
             os.killpg(p.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-    deadline = time.monotonic() + TERMINATE_GRACE_S
+    deadline = time.monotonic() + grace_s
     for p in alive:
         try:
             p.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -187,36 +197,58 @@ def new_run_id() -> str:
 
 
 def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
-        timeout_s: float | None = None, output: IO[str] | None = None) -> int:
+        timeout_s: float | None = None, output: IO[str] | None = None,
+        stats_path: str | None = None) -> int:
     """Run `command` (SCRIPT [ARGS] or -m MODULE [ARGS]) on every rank of `spec`'s cluster.
 
     Returns 0 if every rank succeeded; otherwise the first failing node's torchrun status,
     124 on timeout. SIGINT raises KeyboardInterrupt and SIGTERM SystemExit(143) after cleanup.
+    A node killed for exceeding `spec.node_memory` raises `NodeOutOfMemory` (after cleanup).
+    `stats_path`: write the per-node accounting there as JSON (CPU seconds, peak memory, link
+    bytes, time series every 100 ms, priority-class drops); shaped runs only.
     """
     if not isinstance(spec, ClusterSpec):
         raise TypeError(f"spec must be a ClusterSpec, got {type(spec).__name__}")
     validate_command(list(command))
     if timeout_s is not None and not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0 seconds or None, got {timeout_s!r}")
+    if stats_path is not None and not spec.shaping:
+        raise ValueError("stats_path needs the shaped cluster (shaping=True): the accounting "
+                         "reads the nodes' cgroups and namespaces")
     output = output if output is not None else sys.stdout
-    network = Network(spec, new_run_id()) if spec.shaping else None
+    network = Network(spec, new_run_id(), accounting=stats_path is not None) \
+        if spec.shaping else None
     procs: list[subprocess.Popen] = []
     threads: list[threading.Thread] = []
+    monitors: list[NodeMonitor] = []
     log_dir = tempfile.mkdtemp(prefix="thinwire-cluster-logs-")
+    status = None
     try:
         with _signals_raise():
             try:
-                _start(spec, list(command), env, network, log_dir, output, procs, threads)
-                return _wait(procs, timeout_s)
+                _start(spec, list(command), env, network, log_dir, output, procs, threads,
+                       monitors)
+                status = _wait(procs, timeout_s, monitors[0] if monitors else None)
+                if status != 0 and monitors and monitors[0].check_oom() is not None:
+                    raise monitors[0].oom
+                return status
             finally:
                 # Signals stay pending (not lost) until the cleanup is complete.
                 with _signals_blocked():
-                    _stop(procs, network)
+                    oom = bool(monitors) and monitors[0].oom is not None
+                    _stop(procs, network, OOM_TERMINATE_GRACE_S if oom else TERMINATE_GRACE_S)
                     for thread in threads:
                         thread.join(timeout=2.0)
                     shutil.rmtree(log_dir, ignore_errors=True)
+                    try:
+                        stats = _collect_stats(network, monitors, status)
+                    except Exception:  # never let accounting stand in the way of teardown
+                        log.exception("could not collect the run's accounting")
+                        stats = None
                     if network is not None:
                         network.teardown()
+                    if stats_path is not None and stats is not None:
+                        write_json_atomic(stats_path, stats)
     except _Signalled as sig:
         log.warning("received %s: cluster run stopped and cleaned up",
                     signal.Signals(sig.signum).name)
@@ -225,13 +257,28 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
         raise SystemExit(128 + sig.signum) from None
 
 
+def _collect_stats(network: Network | None, monitors: list[NodeMonitor],
+                   status: int | None) -> dict | None:
+    """The run's accounting, read before the cgroups and qdiscs are removed."""
+    if network is None or not monitors:
+        return None
+    monitor = monitors[0]
+    monitor.stop()
+    stats = {"run_id": network.run_id, "spec": network.spec.describe(), "status": status,
+             "cgroups": network.node_cgroups is not None, **monitor.report()}
+    stats["link_classes"] = network.class_stats()
+    return stats
+
+
 def _start(spec: ClusterSpec, command: list[str], env: dict | None, network: Network | None,
            log_dir: str, output: IO[str], procs: list[subprocess.Popen],
-           threads: list[threading.Thread]) -> None:
+           threads: list[threading.Thread], monitors: list[NodeMonitor]) -> None:
     """Build the network and start one torchrun per node (appending to `procs` as it goes, so
     that a failure half-way still lets the caller stop what was started)."""
     if network is not None:
         network.create()
+        if network.accounting or network.node_cgroups is not None:  # OOM watch, statistics
+            monitors.append(NodeMonitor(spec.nodes, network.node_cgroups))
         master_addr, port = network.node_addr(0), MASTER_PORT_IN_NAMESPACE
     else:
         master_addr, port = "127.0.0.1", free_port()
@@ -241,22 +288,32 @@ def _start(spec: ClusterSpec, command: list[str], env: dict | None, network: Net
         argv = prefix + torchrun_argv(spec, node, master_addr, port, log_dir, command)
         ifname = "eth0" if network else "lo"
         log.debug("node %d: %s", node, " ".join(argv))
+        cgroups = network.node_cgroups if network else None
+        # The node's torchrun joins its cgroups before exec; its ranks inherit them.
+        join = functools.partial(join_cgroups, cgroups.procs_files(node)) if cgroups else None
         proc = subprocess.Popen(
             argv, env=node_env(spec, node, ifname, env), text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, bufsize=1, errors="replace")
+            start_new_session=True, bufsize=1, errors="replace", preexec_fn=join)
         procs.append(proc)
+        if monitors:
+            monitors[0].pids[node] = proc.pid
         thread = threading.Thread(target=_stream, args=(proc, node, output, lock), daemon=True)
         thread.start()
         threads.append(thread)
+    if monitors:
+        monitors[0].start()
     log.info("cluster run: %s (%d ranks): %s", spec.describe(), spec.world_size,
              " ".join(command))
 
 
-def _wait(procs: list[subprocess.Popen], timeout_s: float | None) -> int:
+def _wait(procs: list[subprocess.Popen], timeout_s: float | None,
+          monitor: NodeMonitor | None = None) -> int:
     """0 when all nodes succeed; as soon as one fails or time runs out, the status to report."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
+        if monitor is not None and monitor.oom is not None:
+            return EXIT_OOM  # the kernel killed part of a node: the rest cannot go on
         codes = [p.poll() for p in procs]
         for node, code in enumerate(codes):
             if code not in (None, 0):

@@ -31,6 +31,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from thinwire.cluster import qos
+from thinwire.cluster.cgroups import (CgroupsUnavailable, NodeCgroups, find_run_cgroups,
+                                      node_cgroups_for, remove_cgroups)
 from thinwire.cluster.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
@@ -112,23 +115,28 @@ def htb_burst_bytes(rate_bps: int) -> int:
 
 
 def tc_commands(dev: str, rate_bps: int | None, delay_s: float | None = None,
-                drop_fraction: float | None = None) -> list[list[str]]:
-    """tc argv lists (without `tc -n NS`) that shape egress of `dev`. Empty if nothing to shape."""
-    if not rate_bps and not delay_s and not drop_fraction:
+                drop_fraction: float | None = None,
+                class_queues: tuple[int, ...] | None = None) -> list[list[str]]:
+    """tc argv lists (without `tc -n NS`) that shape egress of `dev`. Empty if nothing to shape.
+    `class_queues`: strict-priority classes with these queue lengths (see thinwire.cluster.qos)."""
+    if not rate_bps and not delay_s and not drop_fraction and not class_queues:
         return []
     rate = str(rate_bps or 100 * 10**9) + "bit"
     burst = str(htb_burst_bytes(rate_bps or 100 * 10**9))
-    cmds = [
-        ["qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10"],
-        ["class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate", rate,
-         "ceil", rate, "burst", burst, "cburst", burst, "quantum", "200000"],
-    ]
-    if delay_s:
-        cmds.append(["qdisc", "add", "dev", dev, "parent", "1:10", "handle", "10:", "netem",
-                     "delay", f"{delay_s * 1e6:.0f}us", "limit", "100000"])
+    root = ["qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default"]
+    if class_queues:
+        cmds = [root + [qos.default_minor(len(class_queues))]]
+        cmds += qos.priority_tc_commands(dev, rate_bps or 100 * 10**9, burst, class_queues,
+                                         int(delay_s * 1e6) if delay_s else None)
     else:
-        cmds.append(["qdisc", "add", "dev", dev, "parent", "1:10", "handle", "10:", "pfifo",
-                     "limit", "10000"])
+        cmds = [root + ["10"],
+                ["class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate",
+                 rate, "ceil", rate, "burst", burst, "cburst", burst, "quantum", "200000"]]
+        leaf = ["qdisc", "add", "dev", dev, "parent", "1:10", "handle", "10:"]
+        if delay_s:
+            cmds.append(leaf + ["netem", "delay", f"{delay_s * 1e6:.0f}us", "limit", "100000"])
+        else:
+            cmds.append(leaf + ["pfifo", "limit", "10000"])
     if drop_fraction:
         cmds += [
             ["class", "add", "dev", dev, "parent", "1:", "classid", "1:20", "htb", "rate", rate,
@@ -197,6 +205,8 @@ class Network:
     spec: ClusterSpec
     run_id: str
     created: list[str] = field(default_factory=list)
+    accounting: bool = False  # node cgroups even without limits, for CPU/memory accounting
+    node_cgroups: NodeCgroups | None = None  # set by create() when the spec asks for limits
 
     @property
     def switch_ns(self) -> str:
@@ -222,7 +232,8 @@ class Network:
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         state = {"run_id": self.run_id, "pid": os.getpid(),
                  "pid_start": process_start_time(os.getpid()),
-                 "namespaces": self.all_namespaces(), "created_at": time.time()}
+                 "namespaces": self.all_namespaces(), "created_at": time.time(),
+                 "cgroups": self.node_cgroups.paths() if self.node_cgroups else []}
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state))
         os.replace(tmp, self.state_file)
@@ -252,6 +263,8 @@ class Network:
 
     def create(self) -> None:
         require_shaping_tools()
+        # Before anything exists: missing controllers fail (or warn) with nothing to clean.
+        self.node_cgroups = node_cgroups_for(self.spec, self.run_id, self.accounting)
         # Ownership first: if we die half-way, `thinwire cluster cleanup` finds what we made.
         self._write_state()
         spec, sw = self.spec, self.switch_ns
@@ -275,11 +288,40 @@ class Network:
             sh("ip", "-n", sw, "link", "set", port, "master", "br0", "up")
             sh("ip", "-n", ns, "addr", "add", f"{self.node_addr(i)}/24", "dev", "eth0")
             sh("ip", "-n", ns, "link", "set", "eth0", "up")
-            self._tc(ns, tc_commands("eth0", spec.inter_node_bps, hop_delay, drop))
-            self._tc(sw, tc_commands(port, spec.inter_node_bps, hop_delay, drop))
+            queues = spec.class_queue_packets
+            self._tc(ns, tc_commands("eth0", spec.inter_node_bps, hop_delay, drop, queues))
+            self._tc(sw, tc_commands(port, spec.inter_node_bps, hop_delay, drop, queues))
             self._tc(ns, tc_commands("lo", spec.intra_node_bps))
         self._wait_links_up()
+        self._create_cgroups()
         log.info("network %s: %s", self.run_id, spec.describe())
+
+    def _create_cgroups(self) -> None:
+        if self.node_cgroups is None:
+            return
+        try:
+            self.node_cgroups.create()
+        except CgroupsUnavailable as exc:
+            self.node_cgroups.remove()
+            if not self.spec.best_effort_limits:
+                raise
+            log.warning("running WITHOUT per-node CPU/memory limits (--best-effort-limits): %s",
+                        exc)
+            self.node_cgroups = None
+
+    def class_stats(self) -> list[dict]:
+        """Per node link and direction, the priority classes' sent bytes and drops (tc -s)."""
+        classes = self.spec.link_classes
+        if not classes:
+            return []
+        rows = []
+        for i in range(self.spec.nodes):
+            for ns, dev, direction in ((self.node_ns(i), "eth0", "egress"),
+                                       (self.switch_ns, f"p{i}", "ingress")):
+                out = sh("tc", "-n", ns, "-s", "class", "show", "dev", dev, check=False).stdout
+                for row in qos.parse_class_stats(out, classes):
+                    rows.append({"node": i, "direction": direction, **row})
+        return rows
 
     def _wait_links_up(self, timeout_s: float = 5.0) -> None:
         """veths come up asynchronously; launch only once every node sees its link as up."""
@@ -294,6 +336,8 @@ class Network:
     def teardown(self) -> None:
         """Delete every namespace of the run (their veths and qdiscs go with them) and the state
         file. Raises if something could not be removed, so leaks are never silent."""
+        if self.node_cgroups is not None:  # first: kills what runs in them, frees the namespaces
+            self.node_cgroups.remove()
         if not self.created:  # nothing was made (e.g. not root): only the record, if any
             if self.state_file.exists():
                 self.state_file.unlink()
@@ -332,9 +376,22 @@ def cleanup_dead_runs() -> list[str]:
                 dead_states.append(path)
     namespaces += [p.name for p in NETNS_ETC.glob(PREFIX + "*") if p.name not in namespaces]
     doomed = [ns for ns in namespaces if ns[len(PREFIX):].rsplit("-", 1)[0] not in live]
+    # Cgroups: those the dead runs recorded, and any `thinwire-<id>-n<i>` of no live run.
+    cgroups = [c for path in dead_states for c in _recorded_cgroups(path)]
+    cgroups += [c for c in find_run_cgroups(PREFIX) if c not in cgroups
+                and os.path.basename(c)[len(PREFIX):].rsplit("-", 1)[0] not in live]
+    cgroups = [c for c in cgroups if os.path.isdir(c)]
+    stuck = remove_cgroups(cgroups)
     remaining = delete_namespaces(doomed)
     for path in dead_states:
         path.unlink(missing_ok=True)
-    if remaining:
-        raise RuntimeError(f"could not delete namespaces {remaining}")
-    return doomed
+    if remaining or stuck:
+        raise RuntimeError(f"could not delete namespaces {remaining} / cgroups {stuck}")
+    return doomed + cgroups
+
+
+def _recorded_cgroups(state_path: Path) -> list[str]:
+    try:
+        return [str(c) for c in json.loads(state_path.read_text()).get("cgroups", [])]
+    except (OSError, ValueError):
+        return []

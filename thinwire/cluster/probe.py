@@ -1,11 +1,14 @@
 """Small measuring programs that `thinwire cluster check` starts inside the node namespaces.
 
     python -m thinwire.cluster.probe serve --host H --port P      (prints READY, serves one client)
-    python -m thinwire.cluster.probe bandwidth --host H --port P --seconds S
+    python -m thinwire.cluster.probe bandwidth --host H --port P --seconds S [--tos T]
     python -m thinwire.cluster.probe latency --host H --port P --count N
+    python -m thinwire.cluster.probe flood --host H --port P --seconds S [--tos T] [--stop-file F]
     torchrun ... -m thinwire.cluster.probe allreduce --numel N --iters K --json PATH
 
-Each client prints one JSON line with its result. Bandwidth is measured at the receiver over
+Each client prints one JSON line with its result. All but `allreduce` use the standard library
+only, so `thinwire cluster check` runs this file directly (python .../probe.py), without
+importing the thinwire package and torch. Bandwidth is measured at the receiver over
 the steady part of the transfer (after the first quarter of the time), so HTB's initial burst
 and TCP slow start do not inflate or deflate the rate.
 """
@@ -78,18 +81,49 @@ def _sink(conn: socket.socket) -> None:
     print(json.dumps(result), flush=True)
 
 
-def bandwidth(host: str, port: int, seconds: float) -> dict:
+def bandwidth(host: str, port: int, seconds: float, tos: int = 0,
+              stop_file: str | None = None) -> dict:
+    """Send for `seconds`, or until `stop_file` exists (checked once per chunk)."""
+    import os
+
     payload = b"\x01" * CHUNK
     with socket.create_connection((host, port), timeout=30) as conn:
+        if tos:  # the priority class of this flow (thinwire.cluster.qos.tos_for_class)
+            conn.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
         conn.sendall(b"B" + struct.pack("!d", seconds))
         end = time.perf_counter() + seconds
         sent = 0
         while time.perf_counter() < end:
+            if stop_file and os.path.exists(stop_file):
+                break
             conn.sendall(payload)
             sent += len(payload)
         conn.shutdown(socket.SHUT_WR)
         conn.recv(1)  # wait for the receiver to close: everything has arrived
     return {"sent_bytes": sent}
+
+
+def flood(host: str, port: int, seconds: float, tos: int = 0,
+          stop_file: str | None = None) -> dict:
+    """UDP datagrams to host:port as fast as the socket takes them, for `seconds` or until
+    `stop_file` exists: a sender that does not back off (unlike TCP), to saturate a link."""
+    import os
+
+    payload = b"\x02" * 1400
+    sent = 0
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        if tos:
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            if stop_file and sent % 256 == 0 and os.path.exists(stop_file):
+                break
+            try:
+                sock.sendto(payload, (host, port))  # unconnected: no ICMP errors back
+                sent += 1
+            except OSError:  # ENOBUFS when the local queue is full: keep pushing
+                time.sleep(0.0005)
+    return {"sent_datagrams": sent}
 
 
 def latency(host: str, port: int, count: int) -> dict:
@@ -146,12 +180,14 @@ def allreduce(numel: int, iters: int, json_path: str | None) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m thinwire.cluster.probe")
     sub = parser.add_subparsers(dest="what", required=True)
-    for name in ("serve", "bandwidth", "latency"):
+    for name in ("serve", "bandwidth", "latency", "flood"):
         p = sub.add_parser(name)
         p.add_argument("--host", required=True)
         p.add_argument("--port", type=int, required=True)
-        if name == "bandwidth":
+        if name in ("bandwidth", "flood"):
             p.add_argument("--seconds", type=float, default=1.0)
+            p.add_argument("--tos", type=int, default=0)
+            p.add_argument("--stop-file", default=None)
         if name == "latency":
             p.add_argument("--count", type=int, default=200)
     p = sub.add_parser("allreduce")
@@ -162,7 +198,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.what == "serve":
         serve(args.host, args.port)
     elif args.what == "bandwidth":
-        print(json.dumps(bandwidth(args.host, args.port, args.seconds)), flush=True)
+        print(json.dumps(bandwidth(args.host, args.port, args.seconds, args.tos,
+                                          args.stop_file)), flush=True)
+    elif args.what == "flood":
+        print(json.dumps(flood(args.host, args.port, args.seconds, args.tos, args.stop_file)),
+              flush=True)
     elif args.what == "latency":
         print(json.dumps(latency(args.host, args.port, args.count)), flush=True)
     else:

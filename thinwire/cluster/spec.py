@@ -7,6 +7,7 @@ message naming the parameter, the value and what is allowed - and nothing needs 
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 
@@ -20,6 +21,13 @@ MAX_RATE_BPS = 100 * 10**9     # 100gbit: far above what a veth pair can carry a
 MAX_LATENCY_S = 10.0
 MAX_NODES = 250                # node i gets 10.77.0.(i+1) on a /24
 MAX_RANKS_PER_NODE = 256
+MIN_NODE_MEMORY = 64 * 2**20   # below this a torchrun agent plus one rank cannot even start
+SIZE_UNITS = {"b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
+              "mib": 2**20, "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40,
+              "tib": 2**40}
+MIN_LINK_CLASSES, MAX_LINK_CLASSES = 2, 8  # 3 precedence bits of the TOS byte: at most 8
+MAX_CLASS_QUEUE = 100_000
+DEFAULT_CLASS_QUEUE = 1000
 
 _NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z%]*)\s*$", re.IGNORECASE)
 
@@ -79,6 +87,47 @@ def parse_loss(value: str | float | int, param: str = "loss") -> float:
     return percent
 
 
+def parse_size(value: str | int, param: str = "node_memory") -> int:
+    """'512m', '2GiB', '1g' or a byte count -> bytes. Binary units (m = MiB), as cgroups use."""
+    if isinstance(value, bool):
+        raise ValueError(f"{param} must be a size like '512m' or '2g', got {value!r}")
+    if isinstance(value, int):
+        return value
+    units = "units: b, k, m, g, t (binary: m = MiB; 'mb', 'mib' also accepted)"
+    number, unit = _split(param, value, "'512m' or '2g'", units)
+    if unit not in SIZE_UNITS:
+        what = f"unknown unit {unit!r}" if unit else "missing unit"
+        raise ValueError(f"{param}: {what} in {value!r}; allowed {units}")
+    return int(number * SIZE_UNITS[unit])
+
+
+def parse_node_cpus(value: float | str, param: str = "node_cpus") -> float:
+    """CPU cores per node as a positive number no larger than the machine's core count."""
+    try:
+        cpus = float(value) if not isinstance(value, bool) else float("nan")
+    except (TypeError, ValueError):
+        cpus = float("nan")
+    available = machine_cpus()
+    if not (math.isfinite(cpus) and 0.01 <= cpus <= available):
+        raise ValueError(f"{param} must be a number of CPU cores between 0.01 and {available} "
+                         f"(this machine's cores), got {value!r}")
+    return cpus
+
+
+def machine_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def format_size(nbytes: float) -> str:
+    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= factor:
+            return f"{nbytes / factor:.4g}{unit}"
+    return f"{nbytes:.0f}B"
+
+
 def format_rate(bps: float) -> str:
     for unit in ("tbit", "gbit", "mbit", "kbit"):
         if bps >= RATE_UNITS[unit]:
@@ -108,6 +157,14 @@ class ClusterSpec:
     intra_node_bandwidth: rate of each node's loopback, i.e. between ranks of one node.
     loss: percent of packets dropped on each shaped hop of the inter-node path.
     shaping: False runs the same launch on 127.0.0.1 without namespaces or tc (no root needed).
+    node_cpus: CPU cores each node may use (CFS quota), e.g. 0.5; None = no limit.
+    node_memory: hard memory limit of each node, all its processes together, swap off ('512m').
+    best_effort_limits: without cgroup controllers, warn and run without limits instead of failing.
+    link_classes: number of strict-priority classes on every shaped link (2..8; None = one FIFO).
+        Traffic picks its class by the IP precedence bits of its TOS byte: see
+        `thinwire.cluster.qos.tos_for_class`; unmarked traffic is in the lowest class.
+    class_queue: queue length in packets of each class (one number for all, or one per class,
+        highest class first); default 1000.
     """
 
     nodes: int
@@ -117,14 +174,72 @@ class ClusterSpec:
     intra_node_bandwidth: str | None = None
     loss: str | float | None = None
     shaping: bool = True
+    node_cpus: float | None = None
+    node_memory: str | int | None = None
+    best_effort_limits: bool = False
+    link_classes: int | None = None
+    class_queue: int | tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.class_queue, list):  # frozen dataclass: keep it hashable
+            object.__setattr__(self, "class_queue", tuple(self.class_queue))
         _check_count("nodes", self.nodes, MAX_NODES)
         _check_count("ranks_per_node", self.ranks_per_node, MAX_RANKS_PER_NODE)
         if not isinstance(self.shaping, bool):
             raise ValueError(f"shaping must be True or False, got {self.shaping!r}")
         # Parsing validates; the parsed values are exposed as properties below.
         _ = (self.inter_node_bps, self.inter_node_latency_s, self.intra_node_bps, self.loss_percent)
+        if self.node_cpus is not None:
+            parse_node_cpus(self.node_cpus)
+        _ = self.node_memory_bytes
+        if not isinstance(self.best_effort_limits, bool):
+            raise ValueError(f"best_effort_limits must be True or False, "
+                             f"got {self.best_effort_limits!r}")
+        if self.link_classes is not None:
+            if (isinstance(self.link_classes, bool) or not isinstance(self.link_classes, int)
+                    or not MIN_LINK_CLASSES <= self.link_classes <= MAX_LINK_CLASSES):
+                raise ValueError(f"link_classes must be an integer between {MIN_LINK_CLASSES} "
+                                 f"and {MAX_LINK_CLASSES}, got {self.link_classes!r}")
+            if not self.shaping:
+                raise ValueError("link_classes needs the shaped cluster (shaping=True): "
+                                 "priority classes live in the links' qdiscs")
+        elif self.class_queue is not None:
+            raise ValueError(f"class_queue={self.class_queue!r} needs link_classes")
+        _ = self.class_queue_packets
+        if (self.node_cpus is not None or self.node_memory is not None) and not self.shaping:
+            raise ValueError("node_cpus / node_memory need the shaped cluster (shaping=True, "
+                             "root): the node cgroups are created with the namespaces")
+
+    @property
+    def node_memory_bytes(self) -> int | None:
+        if self.node_memory is None:
+            return None
+        nbytes = parse_size(self.node_memory, "node_memory")
+        if nbytes < MIN_NODE_MEMORY:
+            raise ValueError(f"node_memory must be at least {format_size(MIN_NODE_MEMORY)} "
+                             f"(a torchrun agent and one rank), got {self.node_memory!r}")
+        return nbytes
+
+    @property
+    def class_queue_packets(self) -> tuple[int, ...] | None:
+        """Queue length in packets of each priority class, highest class first."""
+        if self.link_classes is None:
+            return None
+        value = self.class_queue if self.class_queue is not None else DEFAULT_CLASS_QUEUE
+        queues = (value,) if isinstance(value, int) else tuple(value)
+        if len(queues) == 1:  # one length for every class
+            queues *= self.link_classes
+        if len(queues) != self.link_classes or not all(
+                isinstance(q, int) and not isinstance(q, bool) and 1 <= q <= MAX_CLASS_QUEUE
+                for q in queues):
+            raise ValueError(f"class_queue must be one integer or {self.link_classes} integers "
+                             f"(one per class, highest first), each between 1 and "
+                             f"{MAX_CLASS_QUEUE} packets, got {self.class_queue!r}")
+        return queues
+
+    @property
+    def has_node_limits(self) -> bool:
+        return self.node_cpus is not None or self.node_memory is not None
 
     @property
     def world_size(self) -> int:
@@ -166,4 +281,11 @@ class ClusterSpec:
             parts.append(f"intra-node {format_rate(self.intra_node_bps)}")
         if self.loss_percent:
             parts.append(f"loss {self.loss_percent:g}%")
+        if self.link_classes:
+            parts.append(f"{self.link_classes} priority classes "
+                         f"(queues {'/'.join(map(str, self.class_queue_packets or ()))} pkts)")
+        if self.node_cpus is not None:
+            parts.append(f"{self.node_cpus:g} CPU/node")
+        if self.node_memory_bytes is not None:
+            parts.append(f"{format_size(self.node_memory_bytes)}/node")
         return ", ".join(parts)

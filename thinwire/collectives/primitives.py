@@ -1,5 +1,5 @@
 """Wire helpers shared by the algorithms: padding, the dense all-reduce, the reduce-scatter fast
-path, and the sparse all-gather exchange. Algorithm files import from here, never from each
+path, the sparse all-gather exchange and the packed sparse all-to-all. Algorithm files import from here, never from each
 other."""
 
 from __future__ import annotations
@@ -79,3 +79,37 @@ def sparse_allgather(state, bucket_index: int, corrected: torch.Tensor, group, g
     parts = [unpack(chunk, k, values.dtype, numel) for chunk in gathered.chunk(group_size)]
     return sum_sparse(parts, numel, values.dtype, values.device), packed_bytes(k, values.dtype,
                                                                                numel)
+
+
+def sparse_alltoall(state, parts, numel: int, group, phase: str, equal_sizes: bool = False,
+                    received_counts: list[int] | None = None):
+    """Send ``parts[s]`` = (values, indices < numel) to member ``s`` of ``group``, all in one
+    packed all-to-all; returns (what each member sent here, in member order; the bytes sent to
+    each member).
+
+    With ``equal_sizes`` every block holds the same number of entries (a fixed k), so the
+    receiver knows their sizes. Otherwise the entry counts are exchanged first by a small
+    all-to-all (8 bytes per member, recorded by the caller): gloo's all-to-all takes uneven
+    splits, so only the bytes each block needs travel, never padding to the largest block.
+    A caller that knows what each member sends passes ``received_counts`` instead.
+    """
+    dtype, device = parts[0][0].dtype, parts[0][0].device
+    counts = torch.tensor([v.numel() for v, _ in parts], dtype=torch.int64, device=device)
+    if received_counts is not None:
+        received_counts = torch.tensor(received_counts, dtype=torch.int64)
+    elif equal_sizes:
+        received_counts = counts
+    else:
+        received_counts = torch.empty_like(counts)
+        with state.timer(phase):
+            dist.all_to_all_single(received_counts, counts, group=group)
+    payloads = [pack(v, i, numel) for v, i in parts]
+    sent = [p.numel() for p in payloads]
+    received_counts = received_counts.tolist()
+    splits = [packed_bytes(c, dtype, numel) for c in received_counts]
+    received = torch.empty(sum(splits), dtype=torch.uint8, device=device)
+    with state.timer(phase):
+        dist.all_to_all_single(received, torch.cat(payloads), splits, sent, group=group)
+    blocks = [unpack(chunk, c, dtype, numel)
+              for chunk, c in zip(received.split(splits), received_counts)]
+    return blocks, sent

@@ -17,6 +17,9 @@ without other edits.
   bucket for the simulator (:mod:`thinwire.collectives.costs` has the building blocks).
 * ``sparse``: the algorithm selects top-k and keeps error feedback (density, selector,
   momentum correction and dense warm-up apply to it).
+* ``options(dict) -> dict``: optional; checks the algorithm's own settings
+  (``SyncState(algorithm_options=...)``) and fills in their defaults. An algorithm without it
+  takes none.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Algorithm:
     cost: Callable[..., Any]
     sparse: bool = False
     summary: str = ""
+    options: Callable[[dict], dict] | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -44,6 +48,18 @@ class Algorithm:
             if not callable(getattr(self, attribute)):
                 raise TypeError(f"Algorithm {self.name!r}: {attribute} must be callable, got "
                                 f"{getattr(self, attribute)!r}")
+
+    def check_options(self, options: dict | None) -> dict:
+        """The algorithm's own settings, checked, with defaults filled in."""
+        if options is not None and not isinstance(options, dict):
+            raise ValueError(f"algorithm_options must be a dict, got {options!r}")
+        options = dict(options or {})
+        if self.options is None:
+            if options:
+                raise ValueError(f"algorithm {self.name!r} takes no algorithm_options, got "
+                                 f"{options!r}")
+            return {}
+        return self.options(options)
 
 
 _ALGORITHMS: dict[str, Algorithm] = {}

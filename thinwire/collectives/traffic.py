@@ -48,3 +48,25 @@ def inter_allreduce(topology, elements: int, element_size: int) -> Traffic:
 
 def inter_allgather(topology, block_bytes: int) -> Traffic:
     return Traffic(inter=(topology.nodes - 1) * block_bytes)
+
+
+def world_alltoall(topology, block_bytes: float) -> Traffic:
+    """An all-to-all over all W ranks with one ``block_bytes`` block per destination: a rank
+    sends W-1 blocks (none to itself), (m-1)*n of them to ranks on other nodes."""
+    n, m = topology.ranks_per_node, topology.nodes
+    return Traffic(intra=(n - 1) * block_bytes, inter=(m - 1) * n * block_bytes)
+
+
+def world_alltoallv(topology, sent_bytes) -> Traffic:
+    """An all-to-all over all W ranks with ``sent_bytes[s]`` bytes to global rank ``s``."""
+    n = topology.ranks_per_node
+    node = topology.rank // n
+    out = Traffic()
+    for destination, nbytes in enumerate(sent_bytes):
+        if destination == topology.rank:
+            continue
+        if destination // n == node:
+            out.intra += nbytes
+        else:
+            out.inter += nbytes
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from thinwire.train import compare as compare_mod
+from thinwire.cluster.cli import add_resource_options, resource_kwargs
 from thinwire.train.config import add_arguments, from_args
 
 
@@ -16,20 +17,29 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from thinwire.train import report
+    from thinwire.train import report, workloads
 
-    settings = compare_mod.CompareSettings(
-        algorithms=[a.strip() for a in args.algorithms.split(",") if a.strip()],
-        model=args.model, epochs=args.epochs, max_iters=args.max_iters,
-        batch_size=args.batch_size, density=args.density, selector=args.selector,
-        powersgd_rank=args.powersgd_rank, nodes=args.nodes, ranks_per_node=args.ranks_per_node,
-        rates=compare_mod.parse_rates(args.inter_node_bandwidth), shaping=not args.no_shaping,
-        seed=args.seed, target_accuracy=args.target_accuracy or None,
-        evals_per_epoch=args.evals_per_epoch, timeout_s=args.timeout)
-    results = compare_mod.compare(settings, args.out, progress=not args.no_progress)
-    report.print_tables(results)
-    print(f"\nwrote {args.out}/results.json, report.md, accuracy_vs_time.png, throughput.png")
-    return 0 if all(r.get("status") == "ok" for r in results["runs"]) else 1
+    train = {k: v for k, v in vars(args).items() if k in compare_mod.TRAIN_FIELDS}
+    names = workloads.parse_workloads(args.workload)
+    status = 0
+    for name in names:
+        settings = compare_mod.CompareSettings(
+            workload=name, algorithms=[a.strip() for a in args.algorithms.split(",")
+                                       if a.strip()],
+            rates=compare_mod.parse_rates(args.inter_node_bandwidth), nodes=args.nodes,
+            ranks_per_node=args.ranks_per_node, shaping=not args.no_shaping,
+            target=args.target, budget_s=args.budget_s, eval_every=args.eval_every,
+            stop_at_target=not args.no_stop_at_target, tune=args.tune,
+            lr_grid=tuple(float(x) for x in args.lr_grid.split(",") if x.strip()),
+            timeout_s=args.timeout, train=train,
+            resources={k: v for k, v in resource_kwargs(args).items()
+                       if v not in (None, False)})
+        out = args.out if len(names) == 1 else f"{args.out}/{name}"
+        results = compare_mod.compare(settings, out, progress=not args.no_progress)
+        report.print_tables(results)
+        print(f"\nwrote {out}/results.json, report.md and its figures")
+        status = status or int(not all(r.get("status") == "ok" for r in results["runs"]))
+    return status
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,33 +51,61 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_arguments(p)
     p.set_defaults(func=_cmd_train)
 
+    from thinwire.train import workloads
+
     s = compare_mod.CompareSettings()
+    table = "; ".join(f"{w.name}: {w.description}, target {w.target:g}, budget {w.budget_s:g} s,"
+                      f" {w.epochs} epoch(s), batch {w.batch_size}, lr {w.lr:g}, evaluation "
+                      f"every {w.eval_every} steps" for w in workloads.WORKLOADS.values())
     p = subparsers.add_parser(
-        "compare", help="every algorithm on the emulated cluster: table, results.json, plots",
-        description="Train the same model, data, seed and epochs with each algorithm on the "
-                    "emulated cluster and compare throughput, communication and accuracy.")
-    p.add_argument("--out", required=True, metavar="DIR", help="results go here; re-running "
-                   "with the same DIR skips the runs already finished")
+        "compare", help="every algorithm on the emulated cluster: time to target, plots",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Race every algorithm to a target quality on the emulated cluster: each "
+                    "run trains until it reaches the target or its training-time budget ends. "
+                    f"Workloads: {table}. Training options not given here are the workload's "
+                    "(or thinwire train's defaults).")
+    p.add_argument("--out", required=True, default=argparse.SUPPRESS, metavar="DIR",
+                   help="(required) results go here (one "
+                   "subdirectory per workload when there are several); re-running with the "
+                   "same DIR skips the runs already finished")
+    p.add_argument("--workload", default="mnist", help=f"{', '.join(workloads.WORKLOADS)}, a "
+                   "comma-separated list, or all")
     p.add_argument("--algorithms", default=",".join(s.algorithms), metavar="LIST",
-                   help=f"comma-separated (default {','.join(s.algorithms)})")
-    p.add_argument("--model", default=s.model, help=f"default {s.model}")
-    p.add_argument("--epochs", type=int, default=s.epochs)
-    p.add_argument("--max-iters", type=int, default=0, help="cap on steps per run (0 = none)")
-    p.add_argument("--batch-size", type=int, default=s.batch_size, help="per rank")
-    p.add_argument("--density", type=float, default=s.density)
-    p.add_argument("--selector", default=s.selector)
-    p.add_argument("--powersgd-rank", type=int, default=s.powersgd_rank)
-    p.add_argument("--nodes", type=int, default=s.nodes)
-    p.add_argument("--ranks-per-node", type=int, default=s.ranks_per_node)
+                   help="comma-separated")
+    p.add_argument("--target", type=float, default=None, help="target quality (accuracy in "
+                   "(0, 1], or bits per byte in (0, 8]); None: the workload's")
+    p.add_argument("--budget-s", type=float, default=None, metavar="SECONDS",
+                   help="training-time budget per run (0 = the whole schedule); None: the "
+                        "workload's")
+    p.add_argument("--no-stop-at-target", action="store_true",
+                   help="train every run for the whole budget (quality at the budget for all)")
+    p.add_argument("--eval-every", type=int, default=0, metavar="STEPS",
+                   help="steps between evaluations (0 = the workload's)")
+    p.add_argument("--tune", action="store_true", help="choose each algorithm's learning rate "
+                   "from --lr-grid on seed + 1 first (same budget for every method)")
+    p.add_argument("--lr-grid", default=",".join(f"{m:g}" for m in s.lr_grid), metavar="LIST",
+                   help="multiples of the workload's learning rate tried by --tune")
+    p.add_argument("--nodes", type=int, default=s.nodes, help="emulated nodes")
+    p.add_argument("--ranks-per-node", type=int, default=s.ranks_per_node, help="ranks a node")
     p.add_argument("--inter-node-bandwidth", nargs="+", default=list(s.rates), metavar="RATE",
-                   help=f"one rate or a list to sweep (space- or comma-separated; 'none' = "
-                        f"unshaped; default {','.join(s.rates)})")
+                   help="one rate or a list to sweep (space- or comma-separated; 'none' = "
+                        "unshaped)")
     p.add_argument("--no-shaping", action="store_true", help="loopback, no namespaces or tc")
-    p.add_argument("--seed", type=int, default=s.seed)
-    p.add_argument("--target-accuracy", type=float, default=s.target_accuracy,
-                   help=f"for the time-to-accuracy column (default {s.target_accuracy}; 0 = none)")
-    p.add_argument("--evals-per-epoch", type=int, default=s.evals_per_epoch)
     p.add_argument("--timeout", type=float, default=s.timeout_s, metavar="SECONDS",
                    help="per run")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_resource_options(p)
+    group = p.add_argument_group("training options (as thinwire train's; the workload sets "
+                                 "model, epochs, batch size and learning rate)")
+    add_arguments(group, exclude=compare_mod.PER_RUN)
+    base = compare_mod.TrainConfig()
+    for action in group._group_actions:  # absent unless given: the workload decides otherwise
+        default = action.default if action.default is not None else getattr(
+            base, action.dest, None)
+        action.default = argparse.SUPPRESS
+        by_workload = action.dest in ("model", "epochs", "batch_size", "lr")
+        action.help = (action.help or action.dest.replace("_", " ")).replace(
+            f" (default {default})", "").replace(" (default: the model's for sgd, 2.0 for lars)",
+                                                 "") + \
+            (" (default: the workload's)" if by_workload else f" (default: {default})")
     p.set_defaults(func=_cmd_compare)

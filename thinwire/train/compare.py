@@ -1,59 +1,77 @@
-"""`thinwire compare`: every algorithm, the same model, data, seed and epochs, on the emulated
-cluster; one table, `results.json`, `report.md` and plots.
+"""`thinwire compare`: a time-to-target race of every algorithm on the emulated cluster.
 
-Each (link rate, algorithm) is one `python -m thinwire.train` job launched by
-`thinwire.cluster.run`. Its result goes to `DIR/runs/<algorithm>@<rate>.json` (temp file +
-rename) as soon as it ends, together with the setting it ran under; a re-run of an interrupted
-compare skips every run whose file exists with the same setting. Each job's output goes to
-`DIR/logs/`, its metrics to `DIR/runs/*.jsonl`.
+Each (link rate, algorithm) is one `python -m thinwire.train --config FILE` job launched by
+`thinwire.cluster.run`: FILE is the run's whole TrainConfig (the workload's, the user's
+overrides, and what compare decides per run), so compare never re-declares the training options.
+Every run trains until it reaches the target quality or exhausts the training-time budget,
+evaluating every few steps (evaluation time is not training time). Its result goes to
+`DIR/runs/<algorithm>@<rate>.json` (temp file + rename) as soon as it ends, together with the
+setting it ran under; a re-run of an interrupted compare skips every run whose file exists with
+the same setting. Each job's output goes to `DIR/logs/`, its metrics to `DIR/runs/*.jsonl`.
+
+With `tune`, every algorithm first trains once per learning rate of the same grid on another
+seed (same budget and target); the rate that reached the target soonest (else the best quality
+at the budget) is the one its reported run uses: every method gets the same tuning budget.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import logging
-import math
 import os
 import sys
+import threading
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from thinwire.output import write_json_atomic
 from thinwire.cluster import ClusterSpec, missing_requirements, parse_rate
 from thinwire.cluster import run as cluster_run
 from thinwire import collectives
-from thinwire.train import data, grad_sync, models
+from thinwire.train import data, grad_sync, models, quality, report, workloads
+from thinwire.train.config import TrainConfig
 
 log = logging.getLogger("thinwire.compare")
 
+POWERSGD_START_ITER = grad_sync.POWERSGD_START_ITER
 def default_algorithms() -> list[str]:
-    """PyTorch's peers, then every algorithm in thinwire's registry."""
+    """PyTorch's peers, then every algorithm in thinwire's registry (read when needed, so an
+    algorithm registered later is raced too)."""
     return list(grad_sync.TORCH_ALGORITHMS) + list(collectives.names())
-DEFAULT_MODEL = "widecnn"
 DEFAULT_RATE = "200mbit"  # ddp spends most of its step on the wire here (docs/benchmarks.md)
+DEFAULT_LR_GRID = (0.5, 1.0, 2.0)  # multiples of the workload's learning rate
+# TrainConfig fields compare sets for each run itself; every other field is a user override.
+PER_RUN = ("algorithm", "checkpoint", "checkpoint_every", "resume", "metrics", "summary",
+           "stop_after", "eval_every", "progress", "ranks_per_node", "target_accuracy",
+           "target_bits_per_byte", "stop_at_target", "budget_s", "log_every", "device")
+TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name not in PER_RUN)
 
 
 @dataclass
 class CompareSettings:
+    workload: str = "mnist"
     algorithms: list = field(default_factory=default_algorithms)
-    model: str = DEFAULT_MODEL
-    epochs: int = 2
-    max_iters: int = 0
-    batch_size: int = 32
-    density: float = 0.01
-    selector: str = "mstopk"
-    powersgd_rank: int = 4
+    rates: list = field(default_factory=lambda: [DEFAULT_RATE])
     nodes: int = 2
     ranks_per_node: int = 2
-    rates: list = field(default_factory=lambda: [DEFAULT_RATE])
     shaping: bool = True
-    seed: int = 0
-    target_accuracy: float | None = 0.9
-    evals_per_epoch: int = 4
+    target: float | None = None      # None: the workload's
+    budget_s: float | None = None    # None: the workload's; 0: no budget (the whole schedule)
+    eval_every: int = 0              # steps; 0: the workload's
+    stop_at_target: bool = True
+    tune: bool = False
+    lr_grid: tuple = DEFAULT_LR_GRID
     timeout_s: float = 1800.0
+    train: dict = field(default_factory=dict)  # TrainConfig overrides (TRAIN_FIELDS)
+    # Node CPU/memory budgets and link priority classes: ClusterSpec keyword arguments
+    # (node_cpus, node_memory, best_effort_limits, link_classes, class_queue); {} = none.
+    resources: dict = field(default_factory=dict)
 
     def validate(self) -> "CompareSettings":
+        wl = workloads.check_workload(self.workload)
         if not self.algorithms:
             raise ValueError("--algorithms must name at least one algorithm")
         for name in self.algorithms:
@@ -62,35 +80,80 @@ class CompareSettings:
                                  f"{', '.join(grad_sync.algorithm_names())}")
         if len(set(self.algorithms)) != len(self.algorithms):
             raise ValueError(f"--algorithms lists an algorithm twice: {self.algorithms}")
-        models.check_model(self.model)
-        grad_sync.check_density(self.density)
-        grad_sync.check_selector(self.selector)
-        grad_sync.check_powersgd_rank(self.powersgd_rank)
-        for param in ("epochs", "batch_size", "nodes", "ranks_per_node", "evals_per_epoch"):
-            value = getattr(self, param)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"--{param.replace('_', '-')} must be an integer >= 1, "
-                                 f"got {value!r}")
-        if isinstance(self.max_iters, bool) or not isinstance(self.max_iters, int) \
-                or self.max_iters < 0:
-            raise ValueError(f"--max-iters must be an integer >= 0, got {self.max_iters!r}")
+        unknown = sorted(set(self.train) - set(TRAIN_FIELDS))
+        if unknown:
+            raise ValueError(f"training settings compare cannot take: {unknown}; allowed: "
+                             f"{', '.join(TRAIN_FIELDS)}")
+        quality.check_target(wl.metric, self.resolved_target(), "--target")
+        quality.check_budget(self.resolved_budget())
+        if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int) \
+                or self.eval_every < 0:
+            raise ValueError(f"--eval-every must be an integer >= 0, got {self.eval_every!r}")
+        if self.tune and (not self.lr_grid or not all(
+                isinstance(m, (int, float)) and m > 0 for m in self.lr_grid)):
+            raise ValueError(f"--lr-grid must list numbers > 0, got {self.lr_grid!r}")
         if not self.rates:
             raise ValueError("--inter-node-bandwidth needs at least one rate")
         for rate in self.rates:
             if rate != "none":
                 parse_rate(rate, "--inter-node-bandwidth")
-        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
-            raise ValueError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy!r}")
         if not self.timeout_s > 0:
             raise ValueError(f"--timeout must be > 0 seconds, got {self.timeout_s!r}")
-        ClusterSpec(nodes=self.nodes, ranks_per_node=self.ranks_per_node)  # checks the shape
+        ClusterSpec(nodes=self.nodes, ranks_per_node=self.ranks_per_node,  # checks the shape
+                    shaping=self.shaping or not self.resources, **self.resources)
+        base = self.base_config()
+        language = models.data_name(base.model) in ("stdlib_text",)
+        if language != (wl.metric == "bits_per_byte"):
+            raise ValueError(f"--model {base.model} does not fit workload {wl.name} "
+                             f"(judged by {wl.metric})")
+        for algorithm in self.algorithms:  # every run's config, checked before the first runs
+            self.run_config(algorithm).validate()
         return self
+
+    def resolved_target(self) -> float:
+        return workloads.WORKLOADS[self.workload].target if self.target is None else self.target
+
+    def resolved_budget(self) -> float:
+        wl = workloads.WORKLOADS[self.workload]
+        return wl.budget_s if self.budget_s is None else self.budget_s
+
+    def base_config(self) -> TrainConfig:
+        """The workload's training settings with the user's overrides (no run's yet)."""
+        wl = workloads.WORKLOADS[self.workload]
+        return dataclasses.replace(TrainConfig(), **{
+            "model": wl.model, "epochs": wl.epochs, "batch_size": wl.batch_size, "lr": wl.lr,
+            **self.train})
+
+    def run_config(self, algorithm: str, lr: float | None = None,
+                   seed: int | None = None) -> TrainConfig:
+        wl = workloads.WORKLOADS[self.workload]
+        base = self.base_config()
+        target = self.resolved_target()
+        extra = {}
+        if not grad_sync.is_sparse(algorithm):  # options that only the sparse methods take
+            extra = {"momentum_correction": False, "dense_warmup_steps": 0}
+        return dataclasses.replace(
+            base, algorithm=algorithm, lr=base.lr if lr is None else lr,
+            seed=base.seed if seed is None else seed, progress=False, log_every=1,
+            eval_every=self.eval_every or wl.eval_every, ranks_per_node=self.ranks_per_node,
+            target_accuracy=target if wl.metric == "test_accuracy" else None,
+            target_bits_per_byte=target if wl.metric == "bits_per_byte" else None,
+            stop_at_target=self.stop_at_target, budget_s=self.resolved_budget(), **extra)
 
     def common(self) -> dict:
         """What every run shares (the `setting` of results.json)."""
-        out = asdict(self)
-        out.pop("algorithms"), out.pop("rates"), out.pop("timeout_s")
-        return out
+        base = dataclasses.asdict(self.base_config())
+        return {"workload": self.workload, "metric": workloads.WORKLOADS[self.workload].metric,
+                "target": self.resolved_target(), "budget_s": self.resolved_budget(),
+                "stop_at_target": self.stop_at_target,
+                "eval_every": self.eval_every or workloads.WORKLOADS[self.workload].eval_every,
+                "nodes": self.nodes, "ranks_per_node": self.ranks_per_node,
+                "shaping": self.shaping, "tune": self.tune,
+                "lr_grid": list(self.lr_grid) if self.tune else None,
+                "powersgd_start_iter": POWERSGD_START_ITER,
+                # results from before node budgets existed stay valid without the key
+                **({"resources": dict(self.resources)} if self.resources else {}),
+                **{k: base[k] for k in TRAIN_FIELDS}}
 
 
 def parse_rates(values: list[str]) -> list[str]:
@@ -98,30 +161,20 @@ def parse_rates(values: list[str]) -> list[str]:
     return [r.strip() for v in values for r in v.split(",") if r.strip()]
 
 
-def rate_bps(rate: str) -> float:
-    return math.inf if rate == "none" else float(parse_rate(rate))
+def run_key(algorithm: str, rate: str, settings: CompareSettings, tag: str = "") -> str:
+    return f"{algorithm}@{rate}_{settings.nodes}x{settings.ranks_per_node}{tag}"
 
 
-def run_key(algorithm: str, rate: str, settings: CompareSettings) -> str:
-    return f"{algorithm}@{rate}_{settings.nodes}x{settings.ranks_per_node}"
+def write_json(path: Path, payload) -> None:
+    """Atomic, and readable by everyone like every other file compare writes (0644)."""
+    write_json_atomic(path, payload)
+    os.chmod(path, 0o666 & ~_umask())
 
 
-def _train_command(s: CompareSettings, algorithm: str, summary: Path, metrics: Path) -> list:
-    steps_per_epoch = len(data.load(models.data_name(s.model))) // (
-        s.batch_size * s.nodes * s.ranks_per_node)
-    total = s.epochs * steps_per_epoch
-    if s.max_iters:
-        total = min(total, s.max_iters)
-    eval_every = max(1, min(total, steps_per_epoch) // s.evals_per_epoch)
-    command = ["-m", "thinwire.train", "--model", s.model, "--algorithm", algorithm,
-               "--density", repr(s.density), "--selector", s.selector,
-               "--powersgd-rank", str(s.powersgd_rank), "--epochs", str(s.epochs),
-               "--max-iters", str(s.max_iters), "--batch-size", str(s.batch_size),
-               "--seed", str(s.seed), "--eval-every", str(eval_every), "--no-progress",
-               "--summary", str(summary), "--metrics", str(metrics)]
-    if s.target_accuracy is not None:
-        command += ["--target-accuracy", repr(s.target_accuracy)]
-    return command
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _resolve_shaping(settings: CompareSettings) -> None:
@@ -134,10 +187,55 @@ def _resolve_shaping(settings: CompareSettings) -> None:
         settings.shaping = False
 
 
-def run_one(settings: CompareSettings, algorithm: str, rate: str, out: Path) -> dict:
+class _StepWatcher:
+    """Follows a running job's metrics file and shows its latest step on the progress bar."""
+
+    def __init__(self, bar, path: Path, label: str, total: int):
+        self.bar, self.path, self.label, self.total = bar, path, label, total
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{self.label}: starting")
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _follow(self):
+        offset, step, seconds, shown = 0, 0, 0.0, 0
+        while not self._stop.wait(1.0):
+            try:
+                with open(self.path) as handle:
+                    handle.seek(offset)
+                    chunk = handle.read()
+            except OSError:
+                continue
+            complete = chunk[:chunk.rfind("\n") + 1]
+            offset += len(complete.encode())
+            for line in complete.splitlines():
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if record.get("event") == "step":
+                    step, seconds = record["step"], record["train_time_s"]
+            if step and step != shown:
+                shown = step
+                self.bar.set_postfix_str(f"{self.label}: step {step}/{self.total}, "
+                                         f"{seconds:.0f} s trained")
+
+
+def run_one(settings: CompareSettings, cfg: TrainConfig, rate: str, out: Path, bar=None,
+            tag: str = "") -> dict:
     """One training job on the cluster; its result (also written to DIR/runs/<key>.json)."""
-    key = run_key(algorithm, rate, settings)
-    setting = {**settings.common(), "inter_node_bandwidth": rate}
+    key = run_key(cfg.algorithm, rate, settings, tag)
+    setting = {**settings.common(), "lr": cfg.lr, "seed": cfg.seed,
+               "inter_node_bandwidth": rate}
     path = out / "runs" / f"{key}.json"
     if path.is_file():
         try:
@@ -151,16 +249,24 @@ def run_one(settings: CompareSettings, algorithm: str, rate: str, out: Path) -> 
     (out / "runs").mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     summary, metrics = out / "runs" / f".{key}.summary.json", out / "runs" / f"{key}.jsonl"
+    config = out / "runs" / f".{key}.config.json"
     for stale in (summary, metrics):
         if stale.exists():
             stale.unlink()
+    cfg = dataclasses.replace(cfg, summary=str(summary), metrics=str(metrics))
+    write_json(config, dataclasses.asdict(cfg))
     spec = ClusterSpec(nodes=settings.nodes, ranks_per_node=settings.ranks_per_node,
                        inter_node_bandwidth=None if rate == "none" else rate,
-                       shaping=settings.shaping)
-    with open(out / "logs" / f"{key}.log", "w") as output:
-        status = cluster_run(spec, _train_command(settings, algorithm, summary, metrics),
-                             timeout_s=settings.timeout_s, output=output)
-    result = {"algorithm": algorithm, "inter_node_bandwidth": rate, "setting": setting,
+                       shaping=settings.shaping, **settings.resources)
+    steps = _total_steps(cfg, settings)
+    try:
+        with open(out / "logs" / f"{key}.log", "w") as output, \
+                _StepWatcher(bar, metrics, f"{cfg.algorithm} @ {rate}{tag}", steps):
+            status = cluster_run(spec, ["-m", "thinwire.train", "--config", str(config)],
+                                 timeout_s=settings.timeout_s, output=output)
+    finally:
+        config.unlink(missing_ok=True)
+    result = {"algorithm": cfg.algorithm, "inter_node_bandwidth": rate, "setting": setting,
               "status": "ok" if status == 0 and summary.is_file() else f"failed ({status})"}
     if result["status"] == "ok":
         result.update({k: v for k, v in json.loads(summary.read_text()).items()
@@ -168,37 +274,83 @@ def run_one(settings: CompareSettings, algorithm: str, rate: str, out: Path) -> 
         summary.unlink()
     else:
         result["log"] = str(out / "logs" / f"{key}.log")
-    write_json_atomic(path, result)
+    write_json(path, result)
     return result
+
+
+def _total_steps(cfg: TrainConfig, settings: CompareSettings) -> int:
+    per_epoch = len(data.load(models.data_name(cfg.model))) // (
+        cfg.batch_size * settings.nodes * settings.ranks_per_node)
+    total = cfg.epochs * per_epoch
+    return min(total, cfg.max_iters) if cfg.max_iters else total
+
+
+def tune_lr(settings: CompareSettings, algorithm: str, rate: str, out: Path, bar=None) -> dict:
+    """Train ``algorithm`` once per learning rate of the grid on seed + 1; the chosen rate."""
+    metric = workloads.metric_of(settings.workload)
+    base = settings.base_config()
+    trials = []
+    for multiple in settings.lr_grid:
+        cfg = settings.run_config(algorithm, lr=base.lr * multiple, seed=base.seed + 1)
+        run = run_one(settings, cfg, rate, out, bar, tag=f"_tune_lr{cfg.lr:g}")
+        if bar is not None:
+            bar.update(1)
+        trials.append({"lr": cfg.lr, "status": run["status"],
+                       "time_to_target_s": run.get("time_to_target_s"),
+                       "quality_at_budget": run.get("quality_at_budget")})
+    chosen = None
+    for trial in trials:
+        if trial["status"] != "ok":
+            continue
+        if chosen is None or _better_trial(trial, chosen, metric):
+            chosen = trial
+    return {"algorithm": algorithm, "seed": base.seed + 1, "trials": trials,
+            "chosen_lr": chosen["lr"] if chosen else base.lr}
+
+
+def _better_trial(a: dict, b: dict, metric: quality.Metric) -> bool:
+    ta, tb = a["time_to_target_s"], b["time_to_target_s"]
+    if ta is not None or tb is not None:
+        return tb is None or (ta is not None and ta < tb)
+    return metric.better(a["quality_at_budget"], b["quality_at_budget"])
 
 
 def compare(settings: CompareSettings, out: str | os.PathLike, progress: bool = True) -> dict:
     """Run every (rate, algorithm) not finished yet; write results.json, report.md and plots."""
-    from thinwire.train import report
-
     settings.validate()
     _resolve_shaping(settings)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(rate, algorithm) for rate in settings.rates for algorithm in settings.algorithms]
-    bar = None
+    count = len(jobs) + (len(settings.algorithms) * len(settings.lr_grid) if settings.tune else 0)
+    bar, redirect = None, contextlib.nullcontext()
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=len(jobs), desc="compare", unit="run", dynamic_ncols=True)
-    runs = []
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        bar = tqdm(total=count, desc=f"compare {settings.workload}", unit="run",
+                   dynamic_ncols=True)
+        redirect = logging_redirect_tqdm()
+    runs, tuning = [], []
     try:
-        for rate, algorithm in jobs:
-            if bar is not None:
-                bar.set_postfix_str(f"{algorithm} @ {rate}")
-            runs.append(run_one(settings, algorithm, rate, out))
-            if bar is not None:
-                bar.update(1)
+        with redirect:
+            lrs = {}
+            if settings.tune:  # at the first rate: the learning rate is not the link's business
+                for algorithm in settings.algorithms:
+                    tuned = tune_lr(settings, algorithm, settings.rates[0], out, bar)
+                    tuning.append(tuned)
+                    lrs[algorithm] = tuned["chosen_lr"]
+            for rate, algorithm in jobs:
+                cfg = settings.run_config(algorithm, lr=lrs.get(algorithm))
+                runs.append(run_one(settings, cfg, rate, out, bar))
+                if bar is not None:
+                    bar.update(1)
     finally:
         if bar is not None:
             bar.close()
     results = {"setting": {**settings.common(), "rates": settings.rates,
                            "algorithms": settings.algorithms},
-               "runs": report.annotate(runs)}
-    write_json_atomic(out / "results.json", results)
+               "runs": report.annotate(runs), "tuning": tuning}
+    write_json(out / "results.json", results)
     report.write_all(results, out)
     return results

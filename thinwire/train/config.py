@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 
 from thinwire import collectives
-from thinwire.train import grad_sync, models
+from thinwire.train import grad_sync, models, quality
 
 OPTIMIZERS = ("sgd", "lars")
 AMP_MODES = ("none", "bf16", "fp16")
@@ -51,6 +51,10 @@ class TrainConfig:
     eval_every: int = 0              # steps; 0: at the end of every epoch
     log_every: int = 10
     target_accuracy: float | None = None
+    target_bits_per_byte: float | None = None  # language models: held-out bits per byte
+    stop_at_target: bool = False     # end the run at the first evaluation that reaches the target
+    budget_s: float = 0.0            # end the run at the first evaluation past this much
+    #                                  training time (seconds, evaluation excluded); 0 = none
     compute_probe_iters: int = 5     # 0: do not measure compute-only time
     ranks_per_node: int | None = None
     progress: bool = True
@@ -107,6 +111,18 @@ class TrainConfig:
                                  f"{self.momentum!r}")
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise ValueError(f"--target-accuracy must be in (0, 1], got {self.target_accuracy!r}")
+        if self.target_bits_per_byte is not None:
+            quality.check_target("bits_per_byte", self.target_bits_per_byte,
+                                 "--target-bits-per-byte")
+            if models.data_name(self.model) != "stdlib_text":
+                raise ValueError(f"--target-bits-per-byte needs a language model (transformer),"
+                                 f" got --model {self.model}")
+        if self.target_accuracy is not None and self.target_bits_per_byte is not None:
+            raise ValueError("give --target-accuracy or --target-bits-per-byte, not both")
+        if self.stop_at_target and self.target_accuracy is None \
+                and self.target_bits_per_byte is None:
+            raise ValueError("--stop-at-target needs --target-accuracy or --target-bits-per-byte")
+        quality.check_budget(self.budget_s)
         if self.checkpoint_every and not self.checkpoint:
             raise ValueError("--checkpoint-every needs --checkpoint DIR (where to write it)")
         if self.stop_after and not self.checkpoint:
@@ -132,9 +148,14 @@ def _integer(param: str, value, low: int) -> None:
         raise ValueError(f"{param} must be an integer >= {low}, got {value!r}")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, exclude: tuple = ()) -> None:
+    """The training options; ``exclude``: TrainConfig field names to leave out (`thinwire
+    compare` sets those per run itself)."""
     d = TrainConfig()
-    a = parser.add_argument
+
+    def a(flag, **kwargs):
+        if kwargs.get("dest", flag.lstrip("-").replace("-", "_")) not in exclude:
+            parser.add_argument(flag, **kwargs)
     # Choices are checked in TrainConfig.validate (one message style for CLI and Python).
     a("--model", default=d.model, help=f"one of {', '.join(models.MODELS)} (default {d.model})")
     a("--algorithm", default=d.algorithm,
@@ -169,11 +190,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--eval-every", type=int, default=0, metavar="STEPS", help="0 = at each epoch's end")
     a("--log-every", type=int, default=d.log_every, metavar="STEPS")
     a("--target-accuracy", type=float, default=None, help="report the time to reach it")
+    a("--target-bits-per-byte", type=float, default=None,
+      help="language models: report the time to reach this held-out bits per byte")
+    a("--stop-at-target", action="store_true",
+      help="end the run at the first evaluation that reaches the target")
+    a("--budget-s", type=float, default=d.budget_s, metavar="SECONDS",
+      help="end the run at the first evaluation past this much training time (0 = no budget)")
     a("--compute-probe-iters", type=int, default=d.compute_probe_iters,
       help="steps timed without communication, for the communication share (0 = skip)")
     a("--ranks-per-node", type=int, default=None,
       help="default: THINWIRE_RANKS_PER_NODE or torchrun's LOCAL_WORLD_SIZE")
     a("--no-progress", dest="progress", action="store_false", help="no tqdm bar")
+
+
+def add_config_file(parser: argparse.ArgumentParser, argv: list[str] | None) -> None:
+    """``--config FILE``: a JSON object of TrainConfig fields that becomes the parser's
+    defaults, so options given on the command line still win (how `thinwire compare` hands a
+    run its whole configuration)."""
+    import json
+    import sys
+
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="JSON object of training settings (command-line options win)")
+    known, _ = parser.parse_known_args(argv if argv is not None else sys.argv[1:])
+    if known.config:
+        with open(known.config) as handle:
+            values = json.load(handle)
+        names = {f.name for f in fields(TrainConfig)}
+        unknown = sorted(set(values) - names) if isinstance(values, dict) else []
+        if not isinstance(values, dict) or unknown:
+            raise ValueError(f"--config {known.config}: not a JSON object of training settings "
+                             f"(unknown keys: {unknown})")
+        parser.set_defaults(**values)
 
 
 def from_args(args: argparse.Namespace) -> TrainConfig:

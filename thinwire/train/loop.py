@@ -197,7 +197,7 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
                           cfg.dense_warmup_steps,
                           cfg.weight_decay if cfg.momentum_correction else 0.0)
     scaler = torch.amp.GradScaler("cuda") if cfg.amp == "fp16" else None
-    metrics = Metrics(cfg, rank, world, total_steps)
+    metrics = Metrics(cfg, rank, world, total_steps, steps_per_epoch)
     step, epoch, position = 0, 0, 0
     if saved is not None:
         opt.load_state_dict(saved["optimizer"])
@@ -231,9 +231,10 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
         metrics.record_eval(step, epoch, acc, loss)
 
     stopped = False
-    while step < total_steps and not stopped:
+    while step < total_steps and not stopped and not metrics.stop_reason:
         batches = data.rank_batches(len(ds), cfg.batch_size, rank, world, cfg.seed, epoch)
-        while position < len(batches) and step < total_steps and not stopped:
+        while position < len(batches) and step < total_steps and not stopped \
+                and not metrics.stop_reason:
             if step - start_step == WARMUP_STEPS:
                 tx_start = interface_tx_bytes()
                 metrics.start_timing(sync.totals())
@@ -253,7 +254,8 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
         epoch_done = position >= len(batches)
         if epoch_done:
             epoch, position = epoch + 1, 0
-        if not cfg.eval_every and (epoch_done or step >= total_steps):
+        if not cfg.eval_every and (epoch_done or step >= total_steps) \
+                and not metrics.stop_reason:
             run_eval()
     tx_end = interface_tx_bytes()
     metrics.stop_timing(sync.totals(), tx_start, tx_end)
@@ -274,15 +276,16 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    from thinwire.train.config import add_arguments, from_args
+    from thinwire.train.config import add_arguments, add_config_file, from_args
 
     parser = argparse.ArgumentParser(prog="python -m thinwire.train",
                                      description="Train one model with one algorithm (torchrun-"
                                                  "compatible).")
     add_arguments(parser)
-    args = parser.parse_args(argv)
     setup_logging()
     try:
+        add_config_file(parser, argv)
+        args = parser.parse_args(argv)
         train(from_args(args))
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"thinwire train: error: {exc}", file=sys.stderr)

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from thinwire.train import models, quality
+
 log = logging.getLogger("thinwire.train")
+LANGUAGE_DATA = ("stdlib_text",)  # data sets judged by held-out bits per byte
 
 
 def interface_tx_bytes(ifname: str = "eth0") -> int | None:
@@ -33,8 +37,10 @@ def interface_tx_bytes(ifname: str = "eth0") -> int | None:
 
 
 class Metrics:
-    def __init__(self, cfg, rank: int, world: int, total_steps: int):
+    def __init__(self, cfg, rank: int, world: int, total_steps: int,
+                 steps_per_epoch: int | None = None):
         self.rank, self.world, self.total_steps = rank, world, total_steps
+        self.steps_per_epoch = steps_per_epoch
         self.train_time_s = 0.0          # step time only, summed over the whole run
         self.curve: list[dict] = []      # evaluations: accuracy against training time
         self.compute_ms: float | None = None
@@ -43,7 +49,14 @@ class Metrics:
         self.inter_node_bytes_per_iter: float | None = None
         self.inter_node_source: str | None = None
         self.last_loss = float("nan")
-        self.target = cfg.target_accuracy
+        # the quality that decides: held-out bits per byte for a language model, else accuracy
+        self.language = models.data_name(cfg.model) in LANGUAGE_DATA
+        self.metric = "bits_per_byte" if self.language else "test_accuracy"
+        self.target = cfg.target_bits_per_byte if self.language else cfg.target_accuracy
+        if self.language and cfg.target_accuracy is not None:
+            self.metric, self.target = "test_accuracy", cfg.target_accuracy  # next-byte accuracy
+        self.budget_s, self.stop_at_target = cfg.budget_s, cfg.stop_at_target
+        self.stop_reason: str | None = None
         self.log_every = cfg.log_every
         self._file = open(cfg.metrics, "a") if cfg.metrics and rank == 0 else None
         self._want_bar = cfg.progress and rank == 0
@@ -71,13 +84,26 @@ class Metrics:
                 self._bar.set_postfix(loss=f"{self.last_loss:.3f}", refresh=False)
 
     def record_eval(self, step: int, epoch: int, accuracy: float, loss: float) -> None:
-        point = {"step": step, "epoch": epoch, "train_time_s": self.train_time_s,
+        """One evaluation (collective: every rank calls it). Its time is the slowest rank's
+        training time, so every rank takes the same stop decision."""
+        slowest = torch.tensor([self.train_time_s], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        # epochs as steps done / steps per epoch: one numbering for every evaluation
+        epochs = step / self.steps_per_epoch if self.steps_per_epoch else float(epoch)
+        point = {"step": step, "epoch": round(epochs, 4), "train_time_s": float(slowest),
                  "test_accuracy": accuracy, "test_loss": loss}
+        if self.language:  # mean cross-entropy per byte, nats -> bits
+            point["bits_per_byte"] = loss / math.log(2)
         self.curve.append(point)
         self._write({"event": "eval", **point})
+        self.stop_reason = quality.stop_reason(self.curve, self.metric, self.target,
+                                               self.budget_s, self.stop_at_target)
         if self.rank == 0:
-            log.info("step %d epoch %d: test accuracy %.4f, loss %.4f (%.1f s of training)",
-                     step, epoch, accuracy, loss, self.train_time_s)
+            log.info("step %d (epoch %.2f): test accuracy %.4f, loss %.4f%s (%.1f s of "
+                     "training)%s", step, epochs, accuracy, loss,
+                     f", {point['bits_per_byte']:.3f} bits/byte" if self.language else "",
+                     point["train_time_s"],
+                     f": stopping ({self.stop_reason})" if self.stop_reason else "")
 
     # ---------------------------------------------------------------- the timed window
 
@@ -118,7 +144,7 @@ class Metrics:
         samples = cfg.batch_size * self.world
         sync_ms = max(iter_ms - self.compute_ms, 0.0) \
             if iter_ms is not None and self.compute_ms is not None else None
-        reached = [p for p in self.curve if self.target and p["test_accuracy"] >= self.target]
+        split = self._step_split(iter_ms)
         out = {
             "model": cfg.model, "algorithm": cfg.algorithm, "density": cfg.density,
             "selector": cfg.selector, "powersgd_rank": cfg.powersgd_rank,
@@ -136,14 +162,41 @@ class Metrics:
             "hook": self.hook_totals,
             "test_accuracy": self.curve[-1]["test_accuracy"] if self.curve else None,
             "final_loss": self.last_loss, "train_time_s": self.train_time_s,
-            "target_accuracy": self.target,
-            "time_to_target_s": reached[0]["train_time_s"] if reached else None,
+            "target_accuracy": cfg.target_accuracy,
+            "metric": self.metric, "target": self.target, "budget_s": self.budget_s,
+            "stop_reason": self.stop_reason or ("stopped" if stopped else "end"),
+            "time_to_target_s": quality.time_to_target(self.curve, self.metric, self.target,
+                                                       self.budget_s)
+            if self.target is not None else None,
+            "time_to_target_resolution_s": quality.resolution_s(self.curve, self.metric,
+                                                                self.target)
+            if self.target is not None else None,
+            "quality_at_budget": quality.quality_at_budget(self.curve, self.metric,
+                                                           self.budget_s),
+            "step_split_ms": split,
             "curve": self.curve,
         }
         self._write({"event": "summary", **out})
         if self.rank == 0 and cfg.summary:
             from thinwire.output import write_json_atomic
             write_json_atomic(cfg.summary, out)
+        return out
+
+    def _step_split(self, iter_ms: float | None) -> dict | None:
+        """Where a mean step's time goes: compute (the compute-only probe), thinwire's own
+        timers (selection, intra-node, inter-node collectives) and the rest ("idle": waiting,
+        contention, DDP's own work). PyTorch's hooks have no timers: their sync time stays one
+        number ("sync")."""
+        if iter_ms is None or self.compute_ms is None:
+            return None
+        out = {"compute": self.compute_ms}
+        if self.hook_totals is not None:
+            for name, key in (("selection", "select_ms_per_iter"), ("intra_node", "intra_ms_per_iter"),
+                              ("inter_node", "inter_ms_per_iter")):
+                out[name] = self.hook_totals.get(key, 0.0)
+            out["idle"] = max(iter_ms - sum(out.values()), 0.0)
+        else:
+            out["sync"] = max(iter_ms - self.compute_ms, 0.0)
         return out
 
     def close(self) -> None:

@@ -6,7 +6,7 @@
 | `lenet`       | mnist5k       |       ~61k | LeNet-5 on real MNIST images                      |
 | `widecnn`     | mnist5k       |      ~3.3M | `thinwire compare`'s default: gradient volume decides |
 | `resnet`      | synthetic32   |       ~78k | a CIFAR-style ResNet for throughput               |
-| `transformer` | stdlib_text   |      ~0.4M | a byte-level causal language model                |
+| `transformer` | stdlib_text   |      ~1.7M | byte-level causal LM: compare's `lm` workload     |
 """
 
 from __future__ import annotations
@@ -99,7 +99,9 @@ class ByteTransformer(nn.Module):
     """A small GPT-style causal language model over bytes (pre-norm blocks, learned positions,
     tied input and output embeddings)."""
 
-    def __init__(self, vocab: int = 256, block: int = 64, dim: int = 128, layers: int = 2,
+    # dim 256: ~1.7M parameters, so that at 8 blocks of 64 bytes a rank DDP's all-reduce at
+    # 200 Mbit/s between two nodes takes longer than the step's compute (docs/benchmarks.md)
+    def __init__(self, vocab: int = 256, block: int = 64, dim: int = 256, layers: int = 2,
                  heads: int = 4):
         super().__init__()
         self.tokens = nn.Embedding(vocab, dim)

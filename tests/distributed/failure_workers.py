@@ -1,0 +1,134 @@
+"""Rank functions for the failure tests: a hook that raises, NaN on one rank, a frozen peer."""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import thinwire
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 5)).double()
+
+
+def _loss(model, rank, step, poison=False):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(16, 20, generator=g, dtype=torch.float64)
+    if poison:
+        x[0, 0] = float("nan")
+    return model(x).square().mean()
+
+
+def nonfinite_on_one_rank(rank, world, ranks_per_node, algorithm, policy, path):
+    """Rank 1's gradient holds a NaN at step 1: what every rank sees."""
+    model = _model()
+    settings = dict(algorithm=algorithm, density=0.1, selector="exact", dense_below_bytes=0,
+                    nonfinite=policy)
+    topo = thinwire.Topology.build(ranks_per_node)
+    if path == "hook":
+        forward = DDP(model)
+        state = thinwire.ddp.register(forward, topology=topo, **settings)
+    else:
+        forward, state = model, thinwire.SyncState(topo, **settings)
+    out = {"errors": [], "nonfinite": [], "grads": []}
+    for step in range(3):
+        model.zero_grad()
+        try:
+            _loss(forward, rank, step, poison=(rank == 1 and step == 1)).backward()
+            if path == "synchronize":
+                thinwire.synchronize(model.parameters(), state)
+        except Exception as exc:  # every rank stops here, as a training script would
+            out["errors"].append((step, type(exc).__name__, str(exc)))
+            break
+        out["nonfinite"].append(state.last_step["nonfinite"])
+        out["grads"].append([p.grad.clone() for p in model.parameters()])
+    out["residuals"] = {i: r.clone() for i, r in state.feedback.residuals.items()}
+    # A DDP model whose backward raised is left in a reference cycle; destroyed only after
+    # destroy_process_group (the harness's), its reducer sometimes aborts the process at exit
+    # (PyTorch's DDP, with any hook that fails). Collect it while the groups exist.
+    del forward, model
+    gc.collect()
+    return out
+
+
+def frozen_peer(rank, world, timeout_s, result_path):
+    """Rank 1 stops itself (SIGSTOP) at step 2; rank 0 reports what ended its step, and when."""
+    model = DDP(_model())
+    thinwire.ddp.register(model, algorithm="hitopk", density=0.1, dense_below_bytes=0,
+                          ranks_per_node=1)
+    for step in range(4):
+        if rank == 1 and step == 2:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        start = time.monotonic()
+        try:
+            _loss(model, rank, step).backward()
+        except Exception as exc:
+            with open(result_path + ".tmp", "w") as handle:
+                handle.write(f"{time.monotonic() - start}\n{type(exc).__name__}: {exc}")
+            os.replace(result_path + ".tmp", result_path)
+            return
+    with open(result_path, "w") as handle:
+        handle.write("no error\n")
+
+
+def torchrun_entry() -> None:
+    """`python failure_workers.py MODE` under torchrun: a hook that raises on rank 1, or rank
+    1 dying in the middle of a step; the process must end with status 1, never an abort."""
+    mode = sys.argv[1]
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank = dist.get_rank()
+    model = DDP(_model())
+    thinwire.ddp.register(model, algorithm="hitopk", density=0.1, dense_below_bytes=0)
+    if mode == "raise" and rank == 1:
+        from thinwire.collectives import costs, registry
+
+        def broken(state, bucket_index, flat):
+            raise ValueError("injected failure in the hook")
+        registry.register(registry.Algorithm("hitopk", broken, lambda *a: costs.BucketCost(),
+                                             sparse=True), replace=True)
+    for step in range(4):
+        if mode == "die" and rank == 1 and step == 2:
+            os._exit(3)
+        _loss(model, rank, step).backward()
+    print(f"rank {rank} finished", flush=True)
+
+
+if __name__ == "__main__":
+    torchrun_entry()
+
+
+def register_cycles(rank, world, cycles):
+    """Threads and open descriptors after registering (and training one step of) many models
+    one after another: they must not grow."""
+    def one_model():
+        model = DDP(_model())
+        thinwire.ddp.register(model, algorithm="hitopk", density=0.1, dense_below_bytes=0)
+        _loss(model, rank, 0).backward()
+
+    import threading
+    state = thinwire.SyncState(None, "hitopk")
+    try:  # a restored state holds its settings: an algorithm passed beside it is refused
+        thinwire.ddp.register(DDP(_model()), algorithm="allreduce", state=state)
+        refused = None
+    except ValueError as exc:
+        refused = str(exc)
+    for _ in range(3):  # the first registration builds the shared groups and the worker
+        one_model()
+    gc.collect()
+    before = (threading.active_count(), len(os.listdir("/proc/self/fd")))
+    for _ in range(cycles):
+        one_model()
+    gc.collect()
+    return {"before": before, "after": (threading.active_count(),
+                                        len(os.listdir("/proc/self/fd"))), "refused": refused}

@@ -1,0 +1,23 @@
+"""Rank functions for the pipeline engine tests (spawned processes import them by name)."""
+
+from __future__ import annotations
+
+from thinwire.pipeline import engine
+from thinwire.pipeline.config import PipelineConfig
+
+
+def train_each_schedule(rank: int, world: int, configs: list[dict]) -> list[dict]:
+    """Run the engine once per configuration in the same process group; the stage's final
+    parameters and summary come back to the test."""
+    results = []
+    for kwargs in configs:
+        summary = engine.train_stage(PipelineConfig(**kwargs))
+        results.append({"params": summary["params"], "delay": summary["delay"],
+                        "test_accuracy": summary["test_accuracy"],
+                        "train_loss": summary["train_loss"],
+                        "operations": len(summary["events"])})
+    return results
+
+
+def train_once(rank: int, world: int, kwargs: dict) -> dict:
+    return engine.train_stage(PipelineConfig(**kwargs))

@@ -1,0 +1,102 @@
+"""A failure on one rank ends every rank with the original error: never a hang, never an abort."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from harness import run_ranks
+import failure_workers
+
+HERE = os.path.dirname(__file__)
+
+
+@pytest.mark.parametrize("path", ["hook", "synchronize"])
+@pytest.mark.parametrize("algorithm", ["allreduce", "hitopk"])
+def test_nan_on_one_rank_raises_on_every_rank(algorithm, path):
+    results = run_ranks(failure_workers.nonfinite_on_one_rank, 4, 2, algorithm, "raise", path)
+    for result in results:
+        assert [step for step, _, _ in result["errors"]] == [1]  # every rank, that step only
+        _, kind, message = result["errors"][0]
+        assert "non-finite gradient (NaN or Inf)" in message and "rank(s) [1]" in message
+        if path == "synchronize":  # no C++ in between: the type arrives as it was raised
+            assert kind == "FloatingPointError"
+
+
+def test_nan_on_one_rank_is_skipped_by_every_rank_together():
+    """nonfinite='skip': every rank gets a zero bucket and the flag, residuals stay as they
+    were, and the steps around it synchronise as usual."""
+    results = run_ranks(failure_workers.nonfinite_on_one_rank, 4, 2, "hitopk", "skip", "hook")
+    for result in results:
+        assert not result["errors"]
+        assert result["nonfinite"] == [0.0, 1.0, 0.0]
+        assert all(float(g.abs().sum()) == 0 for g in result["grads"][1])
+        assert all(float(g.abs().sum()) > 0 for g in result["grads"][2])
+    for a, b in zip(results[0]["grads"][2], results[3]["grads"][2]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # replicas stay identical
+
+
+def _run_torchrun(mode: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=HERE)
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--master-port", "0", "--standalone",
+                           os.path.join(HERE, "failure_workers.py"), mode],
+                          capture_output=True, text=True, timeout=240, env=env)
+
+
+@pytest.mark.parametrize("mode", ["raise", "die"])
+def test_a_failing_rank_ends_the_job_with_its_error_and_no_abort(mode):
+    done = _run_torchrun(mode)
+    output = done.stdout + done.stderr
+    assert "terminate called" not in output and "Aborted" not in output, output[-3000:]
+    assert done.returncode == 1, output[-3000:]
+    if mode == "raise":
+        assert "ValueError: injected failure in the hook" in output
+    else:  # the survivor names where it was when its peer vanished
+        assert "thinwire hitopk: failed in the" in output
+
+
+def _frozen_entry(rank, world, store_dir, timeout_s, result_path):
+    import datetime
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    store = dist.FileStore(os.path.join(store_dir, "store"), world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    failure_workers.frozen_peer(rank, world, timeout_s, result_path)
+
+
+@pytest.mark.slow
+def test_a_frozen_peer_ends_the_step_within_the_users_timeout():
+    timeout_s = 10
+    with tempfile.TemporaryDirectory(prefix="thinwire-frozen-") as tmp:
+        result_path = os.path.join(tmp, "rank0.txt")
+        context = mp.start_processes(_frozen_entry, args=(2, tmp, timeout_s, result_path),
+                                     nprocs=2, join=False, start_method="spawn")
+        try:
+            deadline = time.monotonic() + 180
+            while not os.path.exists(result_path) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert os.path.exists(result_path), "rank 0 never reported: thinwire hung"
+            elapsed, message = open(result_path).read().split("\n", 1)
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    os.kill(process.pid, signal.SIGKILL)
+    assert float(elapsed) <= timeout_s + 10, (elapsed, message)
+    assert "thinwire hitopk: failed in the" in message
+
+
+def test_registering_many_models_leaks_no_thread_and_no_descriptor():
+    for result in run_ranks(failure_workers.register_cycles, 2, 100):
+        assert result["after"] == result["before"], result
+        assert "state= already holds its settings (algorithm='hitopk'" in result["refused"]

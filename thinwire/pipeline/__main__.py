@@ -1,0 +1,8 @@
+"""``python -m thinwire.pipeline train ...``: what torchrun starts on every rank."""
+
+import sys
+
+from thinwire.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["pipeline"] + sys.argv[1:]))

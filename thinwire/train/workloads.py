@@ -1,0 +1,65 @@
+"""The workloads of `thinwire compare`: a model, its data, the quality that judges it, and the
+defaults of a time-to-target race (target, wall-clock budget, how often to evaluate).
+
+| workload | model                          | data                           | quality          |
+|----------|--------------------------------|--------------------------------|------------------|
+| `mnist`  | `widecnn` (~3.3M, one big FC)  | MNIST-5k (4,000 train, 1,000 test) | test accuracy |
+| `lm`     | `transformer` (byte-level GPT, ~1.7M) | the Python stdlib's own sources, read from disk | held-out bits per byte |
+
+Both are sized so that plain DDP at 200 Mbit/s between two nodes spends most of its step on the
+wire (docs/benchmarks.md), which is the setting thinwire is for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from thinwire.train import quality
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    model: str
+    metric: str          # a key of thinwire.train.quality.METRICS
+    target: float        # default target of the race
+    budget_s: float      # default training-time budget per run (seconds, evaluation excluded)
+    epochs: int          # the learning-rate schedule's length (runs usually stop before)
+    batch_size: int      # per rank
+    eval_every: int      # steps between evaluations: resolves the time to target to a few %
+    lr: float            # SGD's peak learning rate (the centre of the tuning grid)
+    description: str
+
+
+WORKLOADS = {
+    "mnist": Workload("mnist", "widecnn", "test_accuracy", target=0.92, budget_s=60.0, epochs=3,
+                      batch_size=32, eval_every=2, lr=0.05,
+                      description="WideCNN on MNIST-5k, judged by test accuracy"),
+    "lm": Workload("lm", "transformer", "bits_per_byte", target=4.3, budget_s=90.0, epochs=1,
+                   batch_size=8, eval_every=10, lr=0.1,
+                   description="byte-level transformer on the Python standard library's "
+                               "sources, judged by held-out bits per byte"),
+}
+
+
+def check_workload(name: str) -> Workload:
+    if name not in WORKLOADS:
+        raise ValueError(f"--workload must be one of {', '.join(WORKLOADS)}, got {name!r}")
+    return WORKLOADS[name]
+
+
+def parse_workloads(text: str) -> list[str]:
+    """`mnist`, `lm`, `mnist,lm` or `all` -> the names, each checked."""
+    names = list(WORKLOADS) if text.strip() == "all" else \
+        [w.strip() for w in text.split(",") if w.strip()]
+    if not names:
+        raise ValueError(f"--workload must name at least one of {', '.join(WORKLOADS)} or all")
+    for name in names:
+        check_workload(name)
+    if len(set(names)) != len(names):
+        raise ValueError(f"--workload lists a workload twice: {text!r}")
+    return names
+
+
+def metric_of(workload: str) -> quality.Metric:
+    return quality.METRICS[check_workload(workload).metric]
