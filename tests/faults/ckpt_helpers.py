@@ -75,10 +75,12 @@ CLI_ARGS = ["--model", "mlp", "--algorithm", "hitopk", "--density", "0.05", "--m
             "--log-every", "100", "--eval-every", "0"]
 
 
-def launch(world: int, args: list[str], timeout_s: float = 180.0) -> list[tuple[int, str]]:
+def launch(world: int, args: list[str], timeout_s: float = 300.0) -> list[tuple[int, str]]:
     """``python -m thinwire.train ARGS`` on ``world`` ranks on loopback (the environment
     torchrun gives, without its agent); (exit status, stderr) per rank. A rank still running
-    after ``timeout_s`` is killed and reported with status None (a hang)."""
+    after ``timeout_s`` is killed and reported with status None (a hang: without the ranks'
+    agreement a rank would wait in its next collective for gloo's 30 minutes; the limit is
+    generous because the machines the tests run on may be shared and loaded)."""
     import socket
     import subprocess
     import sys

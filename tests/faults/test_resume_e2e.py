@@ -45,7 +45,7 @@ def test_no_usable_checkpoint_on_one_rank_ends_every_rank_clearly(two_ranks, tmp
     run = _copy(two_ranks, tmp_path)
     for path in (rank_file(run, 1), previous_file(run, 1)):
         path.write_bytes(path.read_bytes()[:5000])
-    results = H.launch(2, ["--checkpoint", str(run), "--resume", str(run)], timeout_s=120)
+    results = H.launch(2, ["--checkpoint", str(run), "--resume", str(run)], timeout_s=300)
     assert [status for status, _ in results] == [2, 2], results
     assert all("Traceback" not in err and "error: --resume" in err for _, err in results)
     assert "checksum mismatch" in results[1][1] and "rank(s) [1]" in results[0][1]
