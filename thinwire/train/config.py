@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from thinwire import collectives
+from thinwire.compress import WIRE_DTYPES
 from thinwire.train import grad_sync, models, quality
 
 OPTIMIZERS = ("sgd", "lars")
@@ -24,6 +25,7 @@ class TrainConfig:
     algorithm: str = "hitopk"
     density: float = 0.01
     selector: str = "mstopk"
+    wire: str = "none"               # thinwire algorithms: dense parts on the wire (fp16, bf16)
     powersgd_rank: int = 4
     optimizer: str = "sgd"
     lr: float | None = None          # None: the model's default (models.MODELS)
@@ -60,6 +62,11 @@ class TrainConfig:
         grad_sync.check_algorithm(self.algorithm)
         self.density = grad_sync.check_density(self.density)
         grad_sync.check_selector(self.selector)
+        _choice("--wire", self.wire, tuple(WIRE_DTYPES))
+        if self.wire != "none" and not grad_sync.is_thinwire(self.algorithm):
+            raise ValueError(f"--wire applies to thinwire's algorithms "
+                             f"({', '.join(collectives.names())}); --algorithm {self.algorithm} "
+                             f"has its own wire format, got --wire {self.wire}")
         grad_sync.check_powersgd_rank(self.powersgd_rank)
         _choice("--optimizer", self.optimizer, OPTIMIZERS)
         _choice("--amp", self.amp, AMP_MODES)
@@ -149,6 +156,8 @@ def add_arguments(parser: argparse.ArgumentParser, exclude: tuple = ()) -> None:
       help=f"one of {', '.join(grad_sync.algorithm_names())} (default {d.algorithm})")
     a("--density", type=float, default=d.density, help="top-k density for the sparse algorithms")
     a("--selector", default=d.selector, help=f"top-k selector: {', '.join(grad_sync.SELECTORS)}")
+    a("--wire", default=d.wire, help=f"thinwire's algorithms: dtype of the dense parts on the "
+      f"wire, one of {', '.join(WIRE_DTYPES)} (default {d.wire})")
     a("--powersgd-rank", type=int, default=d.powersgd_rank, help="PowerSGD's matrix rank")
     a("--optimizer", default=d.optimizer, help="sgd (momentum) or lars")
     a("--lr", type=float, default=None,

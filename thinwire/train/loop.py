@@ -177,7 +177,8 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
                           cfg.seed, cfg.ranks_per_node,
                           cfg.momentum if cfg.momentum_correction else 0.0,
                           cfg.dense_warmup_steps,
-                          cfg.weight_decay if cfg.momentum_correction else 0.0)
+                          cfg.weight_decay if cfg.momentum_correction else 0.0,
+                          wire=cfg.wire)
     opt, sched = _optimizer(cfg, module, total_steps)
     scaler = torch.amp.GradScaler("cuda") if cfg.amp == "fp16" else None
     metrics = Metrics(cfg, rank, world, total_steps, steps_per_epoch)
