@@ -18,6 +18,7 @@ BENCH_MODULES = [
     "thinwire.bench.cache",
     "thinwire.bench.des",
     "thinwire.bench.cpr",
+    "thinwire.bench.diloco",
 ]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from datetime import timedelta
 
 import torch
@@ -26,24 +26,33 @@ def available() -> bool:
     return importlib.util.find_spec("torchft") is not None
 
 
-def run_replicas(nodes: int, train_replica, timeout_s: float = 120.0) -> list:
-    """``train_replica(manager_factory, replica_id)`` on ``nodes`` threads; returns their results
-    by replica. ``manager_factory(load_state_dict, state_dict)`` builds the replica's Manager."""
+def run_replicas(nodes: int, train_replica, *args, processes: bool = False,
+                 timeout_s: float = 120.0) -> list:
+    """``train_replica(manager_factory, replica_id, *args)`` for every replica, on threads (as
+    torchft's tests do) or, with ``processes=True``, on spawned processes (``train_replica``
+    must then be a module-level function); returns their results by replica.
+    ``manager_factory(load_state_dict, state_dict)`` builds the replica's Manager."""
     if not available():
         raise RuntimeError(MISSING)
     from torchft.coordination import LighthouseServer
 
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=nodes)
+    if processes:
+        import multiprocessing
+        pool = ProcessPoolExecutor(max_workers=nodes,
+                                   mp_context=multiprocessing.get_context("spawn"))
+    else:
+        pool = ThreadPoolExecutor(max_workers=nodes)
     try:
-        with ThreadPoolExecutor(max_workers=nodes) as pool:
+        with pool:
             futures = [pool.submit(_replica, train_replica, i, nodes, lighthouse.address(),
-                                   timeout_s) for i in range(nodes)]
+                                   timeout_s, args) for i in range(nodes)]
             return [f.result(timeout=timeout_s) for f in futures]
     finally:
         lighthouse.shutdown()
 
 
-def _replica(train_replica, replica_id, nodes, lighthouse_address, timeout_s):
+def _replica(train_replica, replica_id, nodes, lighthouse_address, timeout_s, args=()):
     from torch.distributed import TCPStore
     from torchft import Manager, ProcessGroupGloo
 
@@ -65,7 +74,7 @@ def _replica(train_replica, replica_id, nodes, lighthouse_address, timeout_s):
         return manager
 
     try:
-        return train_replica(make_manager, replica_id)
+        return train_replica(make_manager, replica_id, *args)
     finally:
         for manager in managers:
             manager.shutdown(wait=False)
