@@ -29,14 +29,17 @@ def _time_to(curve: list[dict], target: float) -> float | None:
 
 def run(spec, configs, steps: int, batch: int, density: float, eval_every: int,
         target_bits: float | None, model: str = "transformer", lr: float = 3e-3,
-        timeout_s: float = 3600) -> dict:
+        outer_density: float | None = None, timeout_s: float = 3600) -> dict:
     from thinwire.cluster import run as run_on_cluster
 
     with tempfile.TemporaryDirectory(prefix="thinwire-bench-diloco-") as tmp:
         out = os.path.join(tmp, "rows.json")
         command = ["-m", "thinwire.bench.diloco_worker", "--out", out, "--model", model,
                    "--steps", str(steps), "--batch", str(batch), "--density", str(density),
-                   "--eval-every", str(eval_every), "--lr", str(lr), "--configs", *configs]
+                   "--eval-every", str(eval_every), "--lr", str(lr)]
+        if outer_density is not None:
+            command += ["--outer-density", str(outer_density)]
+        command += ["--configs", *configs]
         status = run_on_cluster(spec, command, timeout_s=timeout_s, output=sys.stderr)
         if status != 0:
             raise RuntimeError(f"the benchmark ranks failed with exit status {status}")
@@ -59,7 +62,8 @@ def run(spec, configs, steps: int, batch: int, density: float, eval_every: int,
     result["setting"] = {"nodes": spec.nodes, "ranks_per_node": spec.ranks_per_node,
                          "inter_node_bandwidth": spec.inter_node_bandwidth,
                          "shaping": spec.shaping, "model": model, "steps": steps,
-                         "batch": batch, "density": density, "eval_every": eval_every,
+                         "batch": batch, "density": density, "outer_density": outer_density or density,
+                         "eval_every": eval_every,
                          "lr": lr, "target_bits": target}
     return result
 
@@ -100,10 +104,10 @@ def _main(args: argparse.Namespace) -> int:
         spec = ClusterSpec(nodes=args.nodes, ranks_per_node=args.ranks_per_node,
                            inter_node_bandwidth=args.inter_node_bandwidth,
                            shaping=not args.no_shaping)
-        configs = ["ddp", "hitopk"] + [f"diloco-{h}" for h in args.sync_every] + \
-            [f"diloco-hitopk-{h}" for h in args.sync_every]
+        configs = args.configs or (["ddp", "hitopk"] + [f"diloco-{h}" for h in args.sync_every]
+                                   + [f"diloco-hitopk-{h}" for h in args.sync_every])
         result = run(spec, configs, args.steps, args.batch, args.density, args.eval_every,
-                     args.target_bits, args.model, args.lr)
+                     args.target_bits, args.model, args.lr, args.outer_density)
         print(format_table(result["rows"], COLUMNS))
     if args.torchft or args.torchft_only:
         result["torchft"] = torchft_outer_steps(repeats=args.repeats)
@@ -128,6 +132,10 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--density", type=float, default=0.01)
     parser.add_argument("--sync-every", type=int, nargs="+", default=[20])
+    parser.add_argument("--outer-density", type=float, default=None,
+                        help="density of the hitopk outer step (default: --density)")
+    parser.add_argument("--configs", nargs="+", default=None,
+                        help="explicit list: ddp, hitopk, diloco-H, diloco-hitopk-H")
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--target-bits", type=float, default=None)
     parser.add_argument("--torchft", action="store_true",

@@ -60,7 +60,9 @@ def _build(name: str, args, topo: Topology, intra):
     model = DDP(net, process_group=intra)
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
     outer = dict(algorithm="hier_allreduce") if kind == "diloco" else \
-        dict(algorithm="hitopk", density=args.density)
+        dict(algorithm="hitopk", density=args.outer_density or args.density,
+             # one exchange every H steps: compress every bucket, however small
+             sync_options={"dense_below_bytes": 0})
     diloco = DiLoCo(model, inner, sync_every=int(h), outer_lr=args.outer_lr,
                     outer_momentum=args.outer_momentum, topology=topo, **outer)
     return model, inner, diloco, diloco.state
@@ -111,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--density", type=float, default=0.01)
+    parser.add_argument("--outer-density", type=float, default=None,
+                        help="density of the hitopk outer step (default: --density)")
     parser.add_argument("--outer-lr", type=float, default=0.7)
     parser.add_argument("--outer-momentum", type=float, default=0.9)
     parser.add_argument("--eval-every", type=int, default=20)
