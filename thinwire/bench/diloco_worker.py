@@ -126,7 +126,12 @@ def main(argv: list[str] | None = None) -> None:
         topo = Topology.build()
         intra = node_group(topo)
         dataset = data_sets.load(models.data_name(args.model))
-        rows = [run_config(name, args, topo, intra, dataset) for name in args.configs]
+        rows = []
+        for name in args.configs:
+            rows.append(run_config(name, args, topo, intra, dataset))
+            if topo.rank == 0:
+                print(f"bench diloco: {name} done: {rows[-1]['s_per_step']:.3f} s/step, "
+                      f"{rows[-1]['final_bits']:.3f} bits", flush=True)
         if topo.rank == 0:
             write_json_atomic(args.out, {"rows": rows, "world_size": topo.world_size,
                                          "ranks_per_node": topo.ranks_per_node})
