@@ -33,6 +33,8 @@ def _make(model=None, opt=None, **kwargs):
     (dict(fragments=5, sync_every=8), "fragments must be at most the number of parameter "
                                       "tensors (4), got 5"),
     (dict(fragments=0), "fragments must be an int >= 1, got 0"),
+    (dict(fragments=0, overlap=True), "fragments must be an int >= 1, got 0"),
+    (dict(fragments=True), "fragments must be an int >= 1, got True"),
     (dict(fragments=4, sync_every=3), "fragments must be at most sync_every (3)"),
     (dict(outer_lr=0), "outer_lr must be a finite number > 0, got 0"),
     (dict(outer_momentum=1.0), "outer_momentum must be a number in [0, 1), got 1.0"),

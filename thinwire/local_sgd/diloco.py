@@ -80,8 +80,8 @@ class DiLoCo:
         if not overlap and delay != 0:
             raise ValueError(f"delay must be 0 without overlap (the exchange is applied at once), "
                              f"got {delay}")
-        check_schedule(sync_every, fragments if isinstance(fragments, int) else 1, overlap, delay)
-        self.fragments = split(self.params, fragments)
+        self.fragments = split(self.params, fragments)  # checks fragments first
+        check_schedule(sync_every, fragments, overlap, delay)
         if algorithm in SPARSE and density is None:
             raise ValueError(f"density is required with the sparse algorithm {algorithm!r} "
                              "(a number in (0, 1], e.g. 0.01)")
