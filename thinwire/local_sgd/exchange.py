@@ -31,8 +31,11 @@ class Exchange:
         self._error: BaseException | None = None
         self._thread = None
         if background:
+            # Not a daemon: if training dies with an exchange in flight, the interpreter waits
+            # for the collective to finish or time out (process group timeout) instead of
+            # tearing gloo down under a running collective, which aborts the process.
             self._thread = threading.Thread(target=self._run, name="thinwire-diloco-exchange",
-                                            daemon=True)
+                                            daemon=False)
             self._thread.start()
         else:
             self._run()
