@@ -19,7 +19,7 @@ def wire_dtype(name: str | None) -> torch.dtype | None:
     """The dtype dense parts travel in (None: the gradient's own)."""
     key = "none" if name is None else name
     if key not in WIRE_DTYPES:
-        raise ValueError(f"wire_dtype must be one of {', '.join(WIRE_DTYPES)}, got {name!r}")
+        raise ValueError(f"wire must be one of {', '.join(WIRE_DTYPES)}, got {name!r}")
     return WIRE_DTYPES[key]
 
 
@@ -42,7 +42,7 @@ class TopK:
                 f"selector must be one of {', '.join(topk.METHODS)}, got {self.selector!r}")
 
     def k(self, numel: int) -> int:
-        return topk.k_for_density(numel, self.density)
+        return topk.k_unchecked(numel, self.density)  # density was checked in __post_init__
 
     def select(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return topk.select(flat, self.k(flat.numel()), self.selector, **self.options)

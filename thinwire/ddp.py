@@ -2,19 +2,22 @@
 
     state = thinwire.ddp.register(ddp_model, algorithm="hitopk", density=0.01)
 
-follows PyTorch's own hook contract (``hook(state, bucket) -> Future``). On the CPU the hook hands
-each bucket to one worker thread and returns at once, so communication overlaps the rest of the
-backward pass; the worker takes buckets in the order DDP launches them (the same on every rank),
-which keeps the collectives of all ranks in step. On CUDA the hook runs inline (NCCL calls are
-asynchronous already, and selection needs the current stream).
+follows PyTorch's own hook contract (``hook(state, bucket) -> Future``). What is DDP's lives
+here: the bucket order and the worker that runs buckets; every synchronisation setting belongs
+to the :class:`~thinwire.state.SyncState` (the same one :func:`thinwire.synchronize` uses).
+
+On the CPU the hook hands each bucket to one worker thread and returns at once, so
+communication overlaps the rest of the backward pass; the worker takes buckets in the order DDP
+launches them (the same on every rank), which keeps the collectives of all ranks in step. On
+CUDA the hook runs inline (NCCL calls are asynchronous already, and selection needs the current
+stream).
 
 DDP rebuilds its buckets after the first iteration: the same parameters in another order, for
 a model whose gradients arrive in reverse layer order. The sparse algorithms therefore see each
 bucket in a canonical order (parameters sorted by their index in the model), so residuals and
 shards mean the same coordinates before and after the rebuild, and a run resumed from a
 checkpoint (whose fresh DDP starts with unrebuilt buckets) continues bit-identically. A bucket
-whose set of parameters changes has its residual re-initialised. ``dense_iterations`` optionally
-all-reduces the first steps densely (as PowerSGD's ``start_powerSGD_iter`` does).
+whose set of parameters changes has its residual re-initialised.
 """
 
 import queue
@@ -24,25 +27,19 @@ from typing import Optional
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from thinwire.collectives import allreduce
 from thinwire.state import SyncState
 from thinwire.topology import Topology
 
 
-def register(ddp_model: DistributedDataParallel, algorithm: str = "hitopk",
-             density: float = 0.01, selector: str = "mstopk", ranks_per_node: Optional[int] = None,
-             wire: Optional[str] = None, error_feedback: bool = True,
-             dense_below_bytes: Optional[int] = None, dense_iterations: int = 0,
+def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None, *,
              state: Optional[SyncState] = None, topology: Optional[Topology] = None,
-             selector_options: Optional[dict] = None,
-             momentum_correction: float = 0.0, weight_decay: float = 0.0) -> SyncState:
+             ranks_per_node: Optional[int] = None, **settings) -> SyncState:
     """Register a thinwire algorithm on ``ddp_model``; returns its state (checkpoint it).
 
-    Pass ``state`` (a SyncState restored from a checkpoint) to continue with its residuals.
-    ``momentum_correction=m`` (sparse algorithms): DGC's momentum correction in the hook; the
-    optimizer must then run *without* momentum (see thinwire.feedback). ``weight_decay=wd`` adds
-    ``wd * p`` to every gradient in the hook, before any momentum, as momentum SGD's weight decay
-    does; the optimizer's own weight decay must then be 0. Collective: every rank calls it.
+    ``algorithm`` (default "hitopk") and ``settings`` are :class:`SyncState`'s (density,
+    selector, wire, momentum_correction, dense_iterations, weight_decay, ...). Or pass
+    ``state`` (a SyncState restored from a checkpoint) to continue with its residuals; it holds
+    its own settings, so none may be passed with it. Collective: every rank calls it.
     """
     if not isinstance(ddp_model, DistributedDataParallel):
         raise TypeError(f"ddp_model must be a torch.nn.parallel.DistributedDataParallel, got "
@@ -50,31 +47,48 @@ def register(ddp_model: DistributedDataParallel, algorithm: str = "hitopk",
     if getattr(ddp_model, "_thinwire_state", None) is not None:
         raise RuntimeError("a thinwire hook is already registered on this model; DDP allows one "
                            "communication hook per model")
-    if not (isinstance(weight_decay, (int, float)) and weight_decay >= 0):
-        raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
-    if not isinstance(dense_iterations, int) or dense_iterations < 0:
-        raise ValueError(f"dense_iterations must be an int >= 0, got {dense_iterations!r}")
-    topology = topology or Topology.build(ranks_per_node)
-    if state is None:
-        options = {} if dense_below_bytes is None else {"dense_below_bytes": dense_below_bytes}
-        state = SyncState(topology, algorithm, density, selector, selector_options, wire,
-                          error_feedback, momentum_correction=momentum_correction, **options)
+    if state is not None:
+        if not isinstance(state, SyncState):
+            raise TypeError(f"state must be a thinwire SyncState, got {type(state).__name__}")
+        given = dict(settings, **({"algorithm": algorithm} if algorithm is not None else {}))
+        if given:
+            raise ValueError(f"state= already holds its settings (algorithm={state.algorithm!r}"
+                             f", ...); got {sorted(given)} too: pass settings only for a new "
+                             "state")
+        state.attach(topology or Topology.build(ranks_per_node))
     else:
-        state.attach(topology)
-    state.dense_iterations = dense_iterations
-    state.weight_decay = float(weight_decay)
-    state.param_index = {id(p): i for i, p in enumerate(ddp_model.module.parameters())}
-    ddp_model.register_comm_hook(state, _hook)
+        # A bad setting fails here, before any collective call.
+        state = SyncState(None, algorithm if algorithm is not None else "hitopk", **settings)
+        state.attach(topology or Topology.build(ranks_per_node))
+    context = _HookContext(state, ddp_model.module)
+    ddp_model.register_comm_hook(context, _hook)
     ddp_model._thinwire_state = state
     return state
+
+
+class _HookContext:
+    """What the hook needs besides the SyncState: DDP's parameters' model order and the worker."""
+
+    def __init__(self, state: SyncState, module: torch.nn.Module):
+        self.state = state
+        self.param_index = {id(p): i for i, p in enumerate(module.parameters())}
+        self.jobs: Optional[queue.Queue] = None
+
+    def worker(self) -> queue.Queue:
+        if self.jobs is None:
+            self.jobs = queue.Queue()
+            threading.Thread(target=_work, args=(self.state, self.jobs), daemon=True,
+                             name="thinwire-sync").start()
+        return self.jobs
 
 
 class _Layout:
     """Where each parameter of a bucket sits, in DDP's order and in canonical (model) order."""
 
-    def __init__(self, state: SyncState, bucket):
+    def __init__(self, context: _HookContext, bucket):
         params = bucket.parameters()
-        self.model_index = [state.param_index.get(id(p), -1) for p in params]
+        self.params = params
+        self.model_index = [context.param_index.get(id(p), -1) for p in params]
         self.sizes = [p.numel() for p in params]
         starts = [0]
         for size in self.sizes[:-1]:
@@ -105,52 +119,27 @@ class _Layout:
 
 def _reduce_bucket(state: SyncState, index: int, buffer: torch.Tensor, layout: _Layout,
                    is_last: bool) -> torch.Tensor:
-    if state.steps < getattr(state, "dense_iterations", 0):
-        state.feedback.layout = layout.signature  # velocities live in canonical order
-        average = layout.to_canonical(allreduce.reduce(state, index, buffer))
-        result = layout.from_canonical(state.feedback.dense_momentum(index, average))
-    elif state.feedback.enabled:
-        state.feedback.layout = layout.signature
-        result = layout.from_canonical(state.reduce(index, layout.to_canonical(buffer)))
+    state.add_weight_decay(buffer, layout.params)  # in DDP's order, before any reordering
+    if state.feedback.enabled:  # residuals and velocities live in canonical order
+        result = layout.from_canonical(
+            state.reduce(index, layout.to_canonical(buffer), layout.signature))
     else:
-        result = state.reduce(index, buffer)
+        result = state.reduce(index, buffer, layout.signature)
     if is_last:
         state.end_step()
     return result
 
 
 # No postponed annotations in this file: DDP checks the hook's return annotation as an object.
-def _hook(state: SyncState, bucket) -> torch.futures.Future[torch.Tensor]:
+def _hook(context: _HookContext, bucket) -> torch.futures.Future[torch.Tensor]:
     buffer, index, is_last = bucket.buffer(), bucket.index(), bucket.is_last()
-    layout = _Layout(state, bucket)
-    if getattr(state, "weight_decay", 0.0):
-        _add_weight_decay(buffer, bucket.parameters(), state.weight_decay)
+    layout = _Layout(context, bucket)
     future: torch.futures.Future = torch.futures.Future()
     if buffer.is_cuda:
-        future.set_result(_reduce_bucket(state, index, buffer, layout, is_last))
+        future.set_result(_reduce_bucket(context.state, index, buffer, layout, is_last))
         return future
-    _worker(state).put((index, buffer, layout, is_last, future))
+    context.worker().put((index, buffer, layout, is_last, future))
     return future
-
-
-def _add_weight_decay(buffer: torch.Tensor, params, weight_decay: float) -> None:
-    """buffer += wd * params (the bucket's flat gradient, parameters in the bucket's order)."""
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    if flat.numel() != buffer.numel():
-        raise RuntimeError(f"bucket of {buffer.numel()} gradient elements holds parameters of "
-                           f"{flat.numel()}: cannot add weight decay in the hook")
-    buffer.add_(flat.to(buffer.dtype), alpha=weight_decay)
-
-
-def _worker(state: SyncState) -> queue.Queue:
-    jobs = getattr(state, "_jobs", None)
-    if jobs is None:
-        jobs = queue.Queue()
-        thread = threading.Thread(target=_work, args=(state, jobs), daemon=True,
-                                  name="thinwire-sync")
-        thread.start()
-        state._jobs = jobs
-    return jobs
 
 
 def _work(state: SyncState, jobs: queue.Queue) -> None:

@@ -1,64 +1,131 @@
 """SyncState: one rank's configuration and memory for gradient synchronisation.
 
-It holds what the algorithms need (topology, compressor, error feedback, wire dtype) and what
-they report (bytes intra- and inter-node, seconds in selection and in communication, per step).
-It pickles for checkpoints without its process groups, as PyTorch's own hook states do:
-``__getstate__`` drops the topology, :meth:`attach` gives it back.
+It takes every setting of the synchronisation in its constructor and checks it there (the one
+place a setting enters), holds what the algorithms need (topology, compressor, error feedback,
+wire dtype) and what they report (bytes intra- and inter-node, seconds in selection and in
+communication, per step). The DDP hook (:mod:`thinwire.ddp`) and :func:`thinwire.synchronize`
+both go through :meth:`add_weight_decay` and :meth:`reduce`, so they give the same result for
+the same settings. It pickles for checkpoints without its process groups, as PyTorch's own hook
+states do: ``__getstate__`` drops the topology, :meth:`attach` gives it back.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 
 import torch
 
-from thinwire.collectives import ALGORITHMS, SPARSE_ALGORITHMS
+from thinwire import collectives
+from thinwire.collectives.primitives import dense_allreduce
+from thinwire.collectives.registry import DEFAULT_DENSE_BELOW_BYTES
 from thinwire.collectives.traffic import Traffic
 from thinwire.compress import TopK, wire_dtype
 from thinwire.feedback import ErrorFeedback
 
-DEFAULT_DENSE_BELOW_BYTES = 64 * 1024  # below this a bucket is latency-bound: all-reduce it
+# What a checkpoint must agree on to continue this state's residuals (see load_state_dict).
+IDENTITY = ("algorithm", "density", "selector", "momentum_correction", "error_feedback")
+
+
+def _check_int(name: str, value, low: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return value
+
+
+def _check_finite(name: str, value, low: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or value < low:
+        raise ValueError(f"{name} must be a finite number >= {low}, got {value!r}")
+    return float(value)
 
 
 class SyncState:
+    """Settings (each checked here):
+
+    * ``algorithm``: a name from :func:`thinwire.collectives.names`;
+    * ``density``, ``selector``, ``selector_options``: the top-k of the sparse algorithms;
+    * ``wire``: ``None``/"none", "fp16" or "bf16" for the dense parts on the wire;
+    * ``error_feedback``: keep what top-k did not send (sparse algorithms);
+    * ``dense_below_bytes``: sparse algorithms all-reduce smaller buckets densely;
+    * ``momentum_correction``: DGC's momentum in the hook (sparse, with error feedback); the
+      optimizer then runs without momentum;
+    * ``dense_iterations``: the first N steps are all-reduced densely (a warm-up);
+    * ``weight_decay``: ``wd * p`` added to every gradient before any momentum (the optimizer's
+      own weight decay must then be 0).
+    """
+
     def __init__(self, topology, algorithm: str = "hitopk", density: float = 0.01,
                  selector: str = "mstopk", selector_options: dict | None = None,
                  wire: str | None = None, error_feedback: bool = True,
                  dense_below_bytes: int = DEFAULT_DENSE_BELOW_BYTES,
-                 momentum_correction: float = 0.0):
-        if algorithm not in ALGORITHMS:
-            raise ValueError(
-                f"algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
-        if not isinstance(dense_below_bytes, int) or dense_below_bytes < 0:
-            raise ValueError(f"dense_below_bytes must be an int >= 0, got {dense_below_bytes!r}")
+                 momentum_correction: float = 0.0, dense_iterations: int = 0,
+                 weight_decay: float = 0.0):
+        spec = collectives.get(algorithm)
+        if not isinstance(error_feedback, bool):
+            raise ValueError(f"error_feedback must be True or False, got {error_feedback!r}")
         self.algorithm = algorithm
         self.compressor = TopK(density, selector, dict(selector_options or {}))
-        self.wire = wire
+        self.wire = None if wire in (None, "none") else wire
         self.wire_dtype = wire_dtype(wire)
-        self.dense_below_bytes = dense_below_bytes
-        if momentum_correction and (algorithm not in SPARSE_ALGORITHMS or not error_feedback):
+        self.dense_below_bytes = _check_int("dense_below_bytes", dense_below_bytes)
+        self.dense_iterations = _check_int("dense_iterations", dense_iterations)
+        self.weight_decay = _check_finite("weight_decay", weight_decay)
+        if momentum_correction and not (spec.sparse and error_feedback):
             raise ValueError(f"momentum_correction needs a sparse algorithm with error feedback "
-                             f"({', '.join(SPARSE_ALGORITHMS)}), got algorithm={algorithm!r}, "
-                             f"error_feedback={error_feedback!r}")
-        self.feedback = ErrorFeedback(error_feedback and algorithm in SPARSE_ALGORITHMS,
-                                      momentum_correction)
+                             f"({', '.join(collectives.sparse_names())}), got algorithm="
+                             f"{algorithm!r}, error_feedback={error_feedback!r}")
+        if self.dense_iterations and not spec.sparse:
+            raise ValueError(f"dense_iterations applies to the sparse algorithms "
+                             f"({', '.join(collectives.sparse_names())}); {algorithm!r} is dense "
+                             f"every step already, got dense_iterations={dense_iterations!r}")
+        self.error_feedback = error_feedback
+        self.feedback = ErrorFeedback(error_feedback and spec.sparse, momentum_correction)
         self.topology = topology
         self.steps = 0
         self.last_step: dict = {}
         self.totals = _empty_step()
         self._current = _empty_step()
 
+    @property
+    def settings(self) -> dict:
+        """Every setting, as plain values (part of :meth:`state_dict`)."""
+        return {"algorithm": self.algorithm, "density": self.compressor.density,
+                "selector": self.compressor.selector,
+                "selector_options": dict(self.compressor.options), "wire": self.wire,
+                "error_feedback": self.error_feedback,
+                "dense_below_bytes": self.dense_below_bytes,
+                "momentum_correction": self.feedback.momentum,
+                "dense_iterations": self.dense_iterations, "weight_decay": self.weight_decay}
+
     # ------------------------------------------------------------------ the algorithm
 
-    def reduce(self, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
-        """The average of ``flat`` (one bucket) over all ranks, by the configured algorithm."""
+    def add_weight_decay(self, flat: torch.Tensor, params) -> None:
+        """``flat += weight_decay * params`` (``params`` in the order of ``flat``), in place."""
+        if not self.weight_decay:
+            return
+        values = torch.cat([p.detach().reshape(-1) for p in params])
+        if values.numel() != flat.numel():
+            raise RuntimeError(f"bucket of {flat.numel()} gradient elements holds parameters of "
+                               f"{values.numel()}: cannot add weight decay")
+        flat.add_(values.to(flat.dtype), alpha=self.weight_decay)
+
+    def reduce(self, bucket_index: int, flat: torch.Tensor, layout: tuple | None = None
+               ) -> torch.Tensor:
+        """The average of ``flat`` (one bucket, its parameters in model order) over all ranks,
+        by the configured algorithm, or densely during the first ``dense_iterations`` steps.
+        ``layout`` names the bucket's parameters: a residual kept for another layout starts
+        again at zero."""
         if self.topology is None:
             raise RuntimeError("this SyncState has no topology: call state.attach(Topology"
                                ".build(...)) after loading it from a checkpoint")
         if not flat.is_floating_point():
             raise TypeError(f"gradients must have a floating dtype, got {flat.dtype}")
-        return ALGORITHMS[self.algorithm](self, bucket_index, flat)
+        self.feedback.layout = layout
+        if self.steps < self.dense_iterations:
+            return self.feedback.dense_momentum(bucket_index, dense_allreduce(self, flat))
+        return collectives.get(self.algorithm).reduce(self, bucket_index, flat)
 
     def end_step(self) -> None:
         self._current["comm_s"] = self._current["intra_s"] + self._current["inter_s"]
@@ -96,8 +163,6 @@ class SyncState:
     def __getstate__(self):
         state = self.__dict__.copy()
         state["topology"] = None  # process groups do not pickle
-        state.pop("_jobs", None)  # nor does the DDP hook's worker queue
-        state.pop("param_index", None)  # object ids, rebuilt when registered again
         state["feedback"] = self.feedback.state_dict()
         state["wire_dtype"] = None
         return state
@@ -111,21 +176,27 @@ class SyncState:
 
     def state_dict(self) -> dict:
         """Plain tensors and numbers (loads with ``torch.load(weights_only=True)``)."""
-        return {"algorithm": self.algorithm, "density": self.compressor.density,
-                "selector": self.compressor.selector, "steps": self.steps,
-                "feedback": self.feedback.state_dict()}
+        return {**self.settings, "steps": self.steps, "feedback": self.feedback.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        mine = (self.algorithm, self.compressor.density, self.compressor.selector)
-        theirs = (state["algorithm"], state["density"], state["selector"])
-        if mine != theirs:
-            raise ValueError(f"checkpoint is for (algorithm, density, selector) = {theirs}, "
-                             f"this state is {mine}")
-        theirs_m = state["feedback"].get("momentum", 0.0)
-        if self.feedback.momentum != theirs_m:
-            raise ValueError(f"checkpoint has momentum_correction={theirs_m}, this state has "
-                             f"{self.feedback.momentum}")
-        self.steps = int(state["steps"])
+        """Residuals and step count of a checkpoint whose identity settings equal this state's
+        (the others, e.g. ``wire``, may change between runs)."""
+        if not isinstance(state, dict):
+            raise ValueError(f"SyncState checkpoint must be a dict, got {type(state).__name__}")
+        saved = {"momentum_correction": state.get("feedback", {}).get("momentum", 0.0),
+                 "error_feedback": state.get("feedback", {}).get("enabled", True)
+                 or not collectives.get(self.algorithm).sparse, **state}
+        mine = self.settings
+        if not collectives.get(self.algorithm).sparse:
+            saved["error_feedback"] = mine["error_feedback"]  # meaningless for dense ones
+        differ = {k: (saved.get(k), mine[k]) for k in IDENTITY if saved.get(k) != mine[k]}
+        if differ:
+            raise ValueError("checkpoint differs from this SyncState in " + ", ".join(
+                f"{k} (checkpoint {a!r}, now {b!r})" for k, (a, b) in sorted(differ.items())))
+        steps = state.get("steps")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"SyncState checkpoint: steps must be an int >= 0, got {steps!r}")
+        self.steps = steps
         self.feedback.load_state_dict(state["feedback"])
 
 

@@ -39,9 +39,11 @@ def synchronize(parameters: Iterable[torch.Tensor], state,
                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
     """Replace every parameter's ``.grad`` by its average over all ranks (collective).
 
-    Every rank must pass the same parameters, all with gradients.
+    Every rank must pass the same parameters, all with gradients. The result equals the DDP
+    hook's for the same :class:`~thinwire.state.SyncState` settings and the same buckets: the
+    same weight decay in the hook, dense warm-up, and each bucket in canonical (model) order.
     """
-    if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
+    if not isinstance(bucket_bytes, int) or isinstance(bucket_bytes, bool) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be an int >= 1, got {bucket_bytes!r}")
     params = [p for p in parameters if p.requires_grad]
     missing = [i for i, p in enumerate(params) if p.grad is None]
@@ -50,9 +52,12 @@ def synchronize(parameters: Iterable[torch.Tensor], state,
                          "rank must synchronise the same parameters)")
     if any(p.grad.is_sparse for p in params):
         raise TypeError("sparse gradients are not supported; use dense embeddings here")
+    position = {id(p): i for i, p in enumerate(params)}
     for index, bucket in enumerate(buckets(params, bucket_bytes)):
+        bucket = sorted(bucket, key=lambda p: position[id(p)])  # canonical: model order
         flat = torch.cat([p.grad.reshape(-1) for p in bucket])
-        averaged = state.reduce(index, flat)
+        state.add_weight_decay(flat, bucket)
+        averaged = state.reduce(index, flat, tuple(position[id(p)] for p in bucket))
         offset = 0
         for p in bucket:
             p.grad.copy_(averaged[offset:offset + p.numel()].view_as(p.grad))

@@ -61,6 +61,11 @@ def k_for_density(numel: int, density: float) -> int:
     density = validate_density(density)
     if numel < 1:
         raise ValueError(f"numel must be >= 1, got {numel}")
+    return k_unchecked(numel, density)
+
+
+def k_unchecked(numel: int, density: float) -> int:
+    """:func:`k_for_density` for a density checked where it entered (the per-bucket hot path)."""
     return min(numel, max(1, math.ceil(density * numel)))
 
 

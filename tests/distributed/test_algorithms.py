@@ -210,3 +210,17 @@ def test_topology_mismatch_fails_on_every_rank_instead_of_hanging():
 def test_second_registration_on_the_same_model_is_refused():
     messages = run_ranks(workers.second_registration, 2)
     assert all(m and "already registered" in m for m in messages)
+
+
+@pytest.mark.parametrize("settings", [
+    dict(algorithm="hitopk", density=0.05, selector="exact", dense_below_bytes=0,
+         dense_iterations=1, momentum_correction=0.9, weight_decay=0.01),
+    dict(algorithm="topk_allgather", density=0.05, selector="exact", weight_decay=0.01),
+    dict(algorithm="allreduce", weight_decay=0.01),
+], ids=["hitopk-warmup-momentum-wd", "topk_allgather-wd", "allreduce-wd"])
+def test_synchronize_equals_the_ddp_hook_for_the_same_settings(settings):
+    """Dense warm-up, weight decay in the hook, momentum correction and the canonical bucket
+    order belong to SyncState, so both entry points give the same training (2 x 2)."""
+    for result in run_ranks(workers.synchronize_equals_hook, 4, 2, settings):
+        for hook, sync in zip(result["hook"], result["synchronize"]):
+            torch.testing.assert_close(hook, sync, rtol=0, atol=1e-12)

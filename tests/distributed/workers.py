@@ -171,3 +171,29 @@ def second_registration(rank, world):
     except RuntimeError as exc:
         return str(exc)
     return None
+
+
+def synchronize_equals_hook(rank, world, ranks_per_node, settings, steps=4):
+    """The same SyncState settings through the DDP hook and through synchronize(), one bucket
+    each (the model is below DDP's first-bucket size): final parameters of both."""
+    out = {}
+    for path in ("hook", "synchronize"):
+        model = _model()
+        topo = Topology.build(ranks_per_node)
+        if path == "hook":
+            ddp = DDP(model, bucket_cap_mb=25)
+            thinwire.ddp.register(ddp, topology=topo, **settings)
+            forward = ddp
+        else:
+            state = SyncState(topo, **settings)
+            forward = model
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(steps):
+            x, y = _batch(rank, step)
+            opt.zero_grad()
+            nn.functional.cross_entropy(forward(x), y).backward()
+            if path == "synchronize":
+                thinwire.synchronize(model.parameters(), state, bucket_bytes=25 * 2**20)
+            opt.step()
+        out[path] = [p.detach().clone() for p in model.parameters()]
+    return out

@@ -7,7 +7,8 @@ import torch
 
 from data_helpers import FaultServer, write_records
 from thinwire.data import CachedDataset, RemoteReadError, RemoteStore
-from thinwire.data.nginx import NginxServer, find_nginx, free_port, parse_rate
+from thinwire.data.nginx import NginxServer, find_nginx, parse_byte_rate
+from thinwire.ports import free_port
 
 needs_nginx = pytest.mark.skipif(
     find_nginx() is None, reason="nginx is not installed (as root: make system-tools)")
@@ -139,8 +140,8 @@ def test_dataset_raises_clear_error_and_caches_nothing(faults, tmp_path):
 
 
 def test_parse_rate():
-    assert parse_rate("100mbit") == 12_500_000
-    assert parse_rate("12.5MB") == 12_500_000
-    assert parse_rate(4096) == 4096
+    assert parse_byte_rate("100mbit") == 12_500_000
+    assert parse_byte_rate("12.5MB") == 12_500_000
+    assert parse_byte_rate(4096) == 4096
     with pytest.raises(ValueError, match="rate must"):
-        parse_rate("fast")
+        parse_byte_rate("fast")

@@ -7,7 +7,6 @@ where one process on the whole batch ends, and in step with each other.
 from __future__ import annotations
 
 import os
-import socket
 
 import torch
 import torch.distributed as dist
@@ -15,6 +14,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from thinwire.optim import LARS, param_groups
+from thinwire.ports import free_port
 
 STEPS = 3
 
@@ -52,10 +52,6 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_ddp_two_ranks_match_one_process(tmp_path):

@@ -15,7 +15,7 @@ from thinwire.sync import buckets
 
 def test_unknown_algorithm_lists_the_allowed_ones():
     with pytest.raises(ValueError, match="algorithm must be one of allreduce, hier_allreduce, "
-                                         "topk_allgather, hitopk, got 'ring'"):
+                                         "hitopk, topk_allgather, got 'ring'"):
         SyncState(None, "ring")
 
 
@@ -28,7 +28,7 @@ def test_density_outside_unit_interval(density):
 def test_unknown_selector_and_wire_dtype():
     with pytest.raises(ValueError, match="selector must be one of mstopk, exact, sampled"):
         SyncState(None, "hitopk", 0.01, selector="sort")
-    with pytest.raises(ValueError, match="wire_dtype must be one of none, fp16, bf16, got 'int8'"):
+    with pytest.raises(ValueError, match="wire must be one of none, fp16, bf16, got 'int8'"):
         SyncState(None, "allreduce", wire="int8")
 
 
@@ -46,7 +46,7 @@ def test_a_state_loaded_from_a_checkpoint_asks_for_its_topology():
 
 def test_state_dict_of_another_algorithm_is_refused():
     saved = SyncState(None, "hitopk", 0.01).state_dict()
-    with pytest.raises(ValueError, match="checkpoint is for"):
+    with pytest.raises(ValueError, match="differs from this SyncState in algorithm"):
         SyncState(None, "topk_allgather", 0.01).load_state_dict(saved)
 
 

@@ -93,7 +93,7 @@ def run(records: int = 10_000, record_kb: float = 100, rate: str = "100mbit",
         memory_fraction: float = 0.5, cache_fraction: float = 0.5, threads: int = 8,
         depth: int = 64, direct_samples: int = 1000, seed: int = 0) -> dict:
     from thinwire.data import CachedDataset
-    from thinwire.data.nginx import NginxServer, parse_rate
+    from thinwire.data.nginx import NginxServer, parse_byte_rate
 
     if records < 2:
         raise ValueError(f"records must be >= 2, got {records}")
@@ -179,7 +179,7 @@ def run(records: int = 10_000, record_kb: float = 100, rate: str = "100mbit",
     l1_ratio = by[("l1_only", 1)]["samples_per_s"] / by[("in_memory", 1)]["samples_per_s"]
     return {
         "setting": {"records": records, "record_bytes": record_bytes, "rate": rate,
-                    "rate_bytes_per_s": parse_rate(rate), "memory_fraction": memory_fraction,
+                    "rate_bytes_per_s": parse_byte_rate(rate), "memory_fraction": memory_fraction,
                     "threads": threads, "depth": depth, "direct_samples": direct_samples,
                     "batch_size": 64, "cpu_count": os.cpu_count()},
         "rows": rows,

@@ -14,17 +14,18 @@ import sys
 import tempfile
 
 from thinwire.bench.report import format_table, save_if_asked
-from thinwire.collectives import ALGORITHMS
+from thinwire import collectives
 
 COLUMNS = ("algorithm", "median_s", "vs_allreduce", "vs_topk_allgather", "inter_mb", "intra_mb",
            "select_s", "intra_s", "inter_s")
 
 
 def run(spec, size: int = 25_600_000, bucket_mb: float = 25.0, density: float = 0.01,
-        selector: str = "mstopk", algorithms=tuple(ALGORITHMS), repeats: int = 5,
+        selector: str = "mstopk", algorithms=None, repeats: int = 5,
         timeout_s: float = 1800) -> dict:
     from thinwire.cluster import run as run_on_cluster
 
+    algorithms = list(algorithms or collectives.names())
     with tempfile.TemporaryDirectory(prefix="thinwire-bench-sync-") as tmp:
         out = os.path.join(tmp, "rows.json")
         command = ["-m", "thinwire.bench.sync_worker", "--out", out, "--size", str(size),
@@ -79,8 +80,8 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--bucket-mb", type=float, default=25.0)
     parser.add_argument("--density", type=float, default=0.01)
     parser.add_argument("--selector", default="mstopk")
-    parser.add_argument("--algorithms", nargs="+", choices=list(ALGORITHMS),
-                        default=list(ALGORITHMS))
+    parser.add_argument("--algorithms", nargs="+", choices=list(collectives.names()),
+                        default=list(collectives.names()))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", metavar="PATH")
     parser.set_defaults(func=_main)

@@ -18,7 +18,8 @@ import sys
 import tempfile
 from typing import IO
 
-from thinwire.cluster.launch import free_port, new_run_id, run
+from thinwire.cluster.launch import new_run_id, run
+from thinwire.ports import free_port
 from thinwire.cluster.netns import Network
 from thinwire.cluster.spec import ClusterSpec, format_latency, format_rate
 

@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from thinwire.bench.report import format_table, write_json_atomic
+from thinwire.output import format_table, write_json_atomic
 from thinwire.cluster.netns import ShapingUnavailable, cleanup_dead_runs
 from thinwire.cluster.spec import ClusterSpec
 

@@ -14,7 +14,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from typing import IO, Iterator
 
 from thinwire.cluster.netns import Network, kill_namespace_processes
 from thinwire.cluster.spec import ClusterSpec
+from thinwire.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +56,6 @@ def validate_command(command: list[str]) -> None:
     elif not Path(command[0]).is_file():
         raise FileNotFoundError(f"command: script {command[0]!r} not found "
                                 f"(relative to {os.getcwd()})")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def node_env(spec: ClusterSpec, node: int, ifname: str, extra: dict | None) -> dict[str, str]:

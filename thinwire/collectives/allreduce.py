@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from thinwire.collectives import traffic
-from thinwire.compress import to_wire
+from thinwire.collectives import costs, traffic
+from thinwire.collectives.primitives import dense_allreduce
+from thinwire.collectives.registry import Algorithm, register
 
 
 def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
-    topo = state.topology
-    wire = state.wire_dtype
-    # Divide first, as fp16_compress_hook does: a half-precision sum of W gradients may overflow.
-    payload = to_wire(flat / topo.world_size, wire)
-    if payload is flat:
-        payload = payload.clone()
-    with state.timer("inter"):
-        dist.all_reduce(payload, group=topo.world)
-    state.record(traffic.world_allreduce(topo, payload.numel(), payload.element_size()))
-    return payload.to(flat.dtype)
+    return dense_allreduce(state, flat)
+
+
+def cost(cfg, cluster, net, elements: int, rates) -> costs.BucketCost:
+    w = cluster.world_size
+    return costs.world_ring(cluster, net, 2 * (w - 1), traffic.world_allreduce, elements,
+                            cfg.wire_size)
+
+
+ALGORITHM = register(Algorithm(
+    "allreduce", reduce, cost, sparse=False,
+    summary="dense ring all-reduce over all ranks (DDP's default, optionally fp16/bf16)"))

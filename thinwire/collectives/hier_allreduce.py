@@ -6,17 +6,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from thinwire.collectives import traffic
-from thinwire.collectives.primitives import reduce_scatter
+from thinwire.collectives import costs, traffic
+from thinwire.collectives.primitives import padded, reduce_scatter
+from thinwire.collectives.registry import Algorithm, register
 from thinwire.compress import to_wire
-
-
-def padded(flat: torch.Tensor, parts: int) -> torch.Tensor:
-    """A copy of ``flat`` zero-padded to a multiple of ``parts`` (shards must be equal)."""
-    pad = (-flat.numel()) % parts
-    out = torch.zeros(flat.numel() + pad, dtype=flat.dtype, device=flat.device)
-    out[:flat.numel()] = flat
-    return out
 
 
 def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
@@ -35,3 +28,17 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     state.record(traffic.inter_allreduce(topo, shard.numel(), size))
     state.record(traffic.intra_allgather(topo, full.numel(), size))
     return full[:flat.numel()].to(flat.dtype)
+
+
+def cost(cfg, cluster, net, elements: int, rates) -> costs.BucketCost:
+    n, m, size = cluster.ranks_per_node, cluster.nodes, cfg.wire_size
+    full = costs.padded_length(elements, n)
+    total = costs.intra_phase(cluster, net, traffic.intra_reduce_scatter, full, size)
+    total += costs.inter_phase(cluster, net, 2 * (m - 1), traffic.inter_allreduce, full // n, size)
+    total += costs.intra_phase(cluster, net, traffic.intra_allgather, full, size)
+    return total
+
+
+ALGORITHM = register(Algorithm(
+    "hier_allreduce", reduce, cost, sparse=False,
+    summary="reduce-scatter in the node, all-reduce of 1/n between nodes, all-gather in the node"))

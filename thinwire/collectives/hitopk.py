@@ -8,17 +8,16 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from thinwire.collectives import allreduce, traffic
-from thinwire.collectives.primitives import reduce_scatter
-from thinwire.collectives.hier_allreduce import padded
-from thinwire.collectives.topk_allgather import sparse_exchange
+from thinwire.collectives import costs, traffic
+from thinwire.collectives.primitives import (dense_allreduce, padded, reduce_scatter,
+                                             sparse_allgather)
+from thinwire.collectives.registry import Algorithm, register
 from thinwire.compress import to_wire
 
 
 def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     if flat.numel() * flat.element_size() < state.dense_below_bytes:
-        return state.feedback.dense_momentum(bucket_index,
-                                             allreduce.reduce(state, bucket_index, flat))
+        return state.feedback.dense_momentum(bucket_index, dense_allreduce(state, flat))
     topo = state.topology
     n = topo.ranks_per_node
     full = padded(to_wire(flat, state.wire_dtype), n)
@@ -32,7 +31,7 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
         state.feedback.convert_velocity(
             bucket_index, own, lambda u: n * padded(u, n)[lo:lo + own.numel()])
     corrected = state.feedback.add_residual(bucket_index, own)
-    dense, block_bytes = sparse_exchange(state, bucket_index, corrected, topo.inter, topo.nodes)
+    dense, block_bytes = sparse_allgather(state, bucket_index, corrected, topo.inter, topo.nodes)
     dense.div_(topo.world_size)
     with state.timer("intra"):
         dist.all_gather_single(full, to_wire(dense, state.wire_dtype), group=topo.intra)
@@ -41,3 +40,24 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     state.record(traffic.inter_allgather(topo, block_bytes))
     state.record(traffic.intra_allgather(topo, full.numel(), size))
     return full[:flat.numel()].to(flat.dtype)
+
+
+def cost(cfg, cluster, net, elements: int, rates) -> costs.BucketCost:
+    if elements * costs.GRAD_ELEMENT_SIZE < cfg.dense_below_bytes:
+        w = cluster.world_size
+        return costs.world_ring(cluster, net, 2 * (w - 1), traffic.world_allreduce, elements,
+                                cfg.wire_size)
+    n, m, size = cluster.ranks_per_node, cluster.nodes, cfg.wire_size
+    full = costs.padded_length(elements, n)
+    k, block = costs.sparse_block(full // n, cfg.density)
+    total = costs.intra_phase(cluster, net, traffic.intra_reduce_scatter, full, size)
+    total += costs.inter_phase(cluster, net, m - 1, traffic.inter_allgather, block)
+    total += costs.intra_phase(cluster, net, traffic.intra_allgather, full, size)
+    total.select_s = costs.selection(rates, full // n, m * k)
+    return total
+
+
+ALGORITHM = register(Algorithm(
+    "hitopk", reduce, cost, sparse=True,
+    summary="HiTopKComm: intra-node reduce-scatter, top-k of the shard all-gathered between "
+            "nodes, intra-node all-gather"))

@@ -1,9 +1,22 @@
-"""Collective building blocks with backend-specific fast paths behind one function."""
+"""Wire helpers shared by the algorithms: padding, the dense all-reduce, the reduce-scatter fast
+path, and the sparse all-gather exchange. Algorithm files import from here, never from each
+other."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from thinwire.collectives import traffic
+from thinwire.compress import pack, packed_bytes, to_wire, unpack
+
+
+def padded(flat: torch.Tensor, parts: int) -> torch.Tensor:
+    """A copy of ``flat`` zero-padded to a multiple of ``parts`` (shards must be equal)."""
+    pad = (-flat.numel()) % parts
+    out = torch.zeros(flat.numel() + pad, dtype=flat.dtype, device=flat.device)
+    out[:flat.numel()] = flat
+    return out
 
 
 def reduce_scatter(shard: torch.Tensor, full: torch.Tensor, group, group_size: int) -> None:
@@ -22,3 +35,47 @@ def reduce_scatter(shard: torch.Tensor, full: torch.Tensor, group, group_size: i
         torch.sum(received.view(group_size, -1), dim=0, out=shard)
     else:
         dist.reduce_scatter_single(shard, full, group=group)
+
+
+def dense_allreduce(state, flat: torch.Tensor) -> torch.Tensor:
+    """The average of ``flat`` over all ranks by one all-reduce (DDP's default, on thinwire's own
+    world group), in ``state.wire_dtype`` on the wire."""
+    topo = state.topology
+    # Divide first, as fp16_compress_hook does: a half-precision sum of W gradients may overflow.
+    payload = to_wire(flat / topo.world_size, state.wire_dtype)
+    if payload is flat:
+        payload = payload.clone()
+    with state.timer("inter" if topo.nodes > 1 else "intra"):
+        dist.all_reduce(payload, group=topo.world)
+    state.record(traffic.world_allreduce(topo, payload.numel(), payload.element_size()))
+    return payload.to(flat.dtype)
+
+
+def sum_sparse(parts, numel: int, dtype, device) -> torch.Tensor:
+    """Dense sum of (values, indices) pairs; index_add, never scatter: the same index chosen by
+    two ranks must add up."""
+    dense = torch.zeros(numel, dtype=dtype, device=device)
+    parts = list(parts)
+    if parts:
+        dense.index_add_(0, torch.cat([i for _, i in parts]), torch.cat([v for v, _ in parts]))
+    return dense
+
+
+def sparse_allgather(state, bucket_index: int, corrected: torch.Tensor, group, group_size: int,
+                     phase: str = "inter"):
+    """Top-k of ``corrected`` (the kept-back part stored as the residual), all-gathered among
+    ``group`` in one packed collective; returns (dense sum of every member's selection, bytes of
+    one member's block)."""
+    numel = corrected.numel()
+    with state.timer("select"):
+        values, indices = state.compressor.select(corrected)
+    payload = pack(values, indices, numel)
+    state.feedback.keep(bucket_index, corrected, indices)
+    gathered = torch.empty(group_size * payload.numel(), dtype=torch.uint8,
+                           device=payload.device)
+    with state.timer(phase):
+        dist.all_gather_single(gathered, payload, group=group)
+    k = values.numel()
+    parts = [unpack(chunk, k, values.dtype, numel) for chunk in gathered.chunk(group_size)]
+    return sum_sparse(parts, numel, values.dtype, values.device), packed_bytes(k, values.dtype,
+                                                                               numel)

@@ -51,7 +51,7 @@ def _warm(args: argparse.Namespace) -> int:
           f"{summary['disk_used_bytes'] / 1e6:.1f} MB of {args.disk_bytes / 1e6:.1f} MB used, "
           f"{summary['stats']['downloaded'] / 1e6:.1f} MB downloaded")
     if args.json:
-        from thinwire.bench.report import write_json_atomic
+        from thinwire.output import write_json_atomic
         write_json_atomic(args.json, summary)
     elif args.verbose_stats:
         print(json.dumps(summary["stats"], indent=2))

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from thinwire.ports import free_port
+
 _CONFIG = """\
 daemon off;
 master_process on;
@@ -69,7 +71,7 @@ def find_nginx() -> str | None:
     return None
 
 
-def parse_rate(rate: str | int | None) -> int | None:
+def parse_byte_rate(rate: str | int | None) -> int | None:
     """Bytes per second from '100mbit', '12.5MB', '800kbit' or an integer (bytes/s)."""
     if rate is None or isinstance(rate, int):
         if isinstance(rate, int) and rate <= 0:
@@ -90,12 +92,6 @@ def parse_rate(rate: str | int | None) -> int | None:
     raise ValueError(f"rate must look like 100mbit, 12.5mb, 800kbit or bytes/s, got {rate!r}")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class NginxServer:
     """nginx serving `root` on 127.0.0.1, each connection limited to `rate` (bytes/s or '100mbit')."""
 
@@ -106,7 +102,7 @@ class NginxServer:
             raise FileNotFoundError("nginx not found (install it: `make system-tools` as root, "
                                     "or apt-get install nginx-light)")
         self.root = Path(root).resolve()
-        self.rate = parse_rate(rate)
+        self.rate = parse_byte_rate(rate)
         if request_bytes is not None and (not isinstance(request_bytes, int) or request_bytes < 1):
             raise ValueError(f"request_bytes must be a positive integer, got {request_bytes!r}")
         self.request_bytes = request_bytes

@@ -30,6 +30,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from thinwire import collectives
 from thinwire.local_sgd.exchange import Exchange
 from thinwire.local_sgd.fragments import check_schedule, phase, split
 from thinwire.state import SyncState
@@ -37,7 +38,6 @@ from thinwire.sync import DEFAULT_BUCKET_BYTES, buckets
 
 log = logging.getLogger(__name__)
 
-SPARSE = ("topk_allgather", "hitopk")
 FORMAT = "thinwire.diloco/1"
 
 
@@ -82,7 +82,7 @@ class DiLoCo:
                              f"got {delay}")
         self.fragments = split(self.params, fragments)  # checks fragments first
         check_schedule(sync_every, fragments, overlap, delay)
-        if algorithm in SPARSE and density is None:
+        if algorithm in collectives.sparse_names() and density is None:
             raise ValueError(f"density is required with the sparse algorithm {algorithm!r} "
                              "(a number in (0, 1], e.g. 0.01)")
         options = dict(sync_options or {})

@@ -8,9 +8,8 @@ import math
 
 from torch.nn.parallel import DistributedDataParallel
 
-from thinwire.local_sgd.diloco import SPARSE, DiLoCo, node_group
-
-OUTER_ALGORITHMS = ("allreduce", "hier_allreduce", "topk_allgather", "hitopk")
+from thinwire import collectives
+from thinwire.local_sgd.diloco import DiLoCo, node_group
 
 
 def check_config(cfg) -> None:
@@ -19,8 +18,8 @@ def check_config(cfg) -> None:
             or cfg.sync_every < 1:
         raise ValueError(f"--sync-every must be an integer >= 1 with --algorithm diloco, got "
                          f"{cfg.sync_every!r}")
-    if cfg.outer_algorithm not in OUTER_ALGORITHMS:
-        raise ValueError(f"--outer-algorithm must be one of {', '.join(OUTER_ALGORITHMS)}, got "
+    if cfg.outer_algorithm not in collectives.names():
+        raise ValueError(f"--outer-algorithm must be one of {', '.join(collectives.names())}, got "
                          f"{cfg.outer_algorithm!r}")
     if not (math.isfinite(cfg.outer_lr) and cfg.outer_lr > 0):
         raise ValueError(f"--outer-lr must be a number > 0, got {cfg.outer_lr!r}")
@@ -42,7 +41,7 @@ class DiLoCoSync:
 
     def attach(self, optimizer) -> None:
         cfg = self.cfg
-        sparse = cfg.outer_algorithm in SPARSE
+        sparse = cfg.outer_algorithm in collectives.sparse_names()
         self.diloco = DiLoCo(
             self.model, optimizer, sync_every=cfg.sync_every, outer_lr=cfg.outer_lr,
             outer_momentum=cfg.outer_momentum, algorithm=cfg.outer_algorithm,

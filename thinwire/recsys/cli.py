@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 
 def _main(args: argparse.Namespace) -> int:
-    from thinwire.bench.report import format_table, write_json_atomic
+    from thinwire.output import format_table, write_json_atomic
     from thinwire.recsys import train as recsys_train
 
     columns = ("model", "method", "steps", "bytes_per_iter", "payload_bytes_per_iter",

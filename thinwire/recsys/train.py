@@ -152,7 +152,7 @@ def add_synthetic_arguments(parser: argparse.ArgumentParser, samples: int = 200_
 
 
 def main(argv: list[str] | None = None) -> None:
-    from thinwire.bench.report import write_json_atomic
+    from thinwire.output import write_json_atomic
     from thinwire.recsys.comm import Comm
 
     parser = argparse.ArgumentParser(prog="python -m thinwire.recsys.train")

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from thinwire.sim.collectives import COSTS, AlgorithmConfig, Cluster, SparseRates
+from thinwire.sim.collectives import AlgorithmConfig, Cluster, SparseRates, names
 from thinwire.sim.compute import MODELS, TimedLayer, model, own_model, uniform
 from thinwire.sim.iteration import simulate
 from thinwire.sim.network import Link, Network
@@ -180,9 +180,9 @@ def _read_run(raw: dict, setting: dict, where: str, source: str) -> Run | str:
     merged = {**setting, **nested, **raw}
     measured = raw.get("algorithm")
     modelled, wire = ALGORITHM_ALIASES.get(measured, (measured, _pick(merged, "wire")))
-    if modelled not in COSTS:
+    if modelled not in names():
         return (f"{where}: algorithm {measured!r} is not simulated (simulated: "
-                f"{', '.join(list(COSTS) + list(ALGORITHM_ALIASES))})")
+                f"{', '.join(list(names()) + list(ALGORITHM_ALIASES))})")
     if raw.get("status", "ok") != "ok":
         return f"{where}: status {raw['status']!r}"
     nodes, per_node = _pick(merged, "nodes"), _pick(merged, "ranks_per_node")

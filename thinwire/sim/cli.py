@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from thinwire.bench.report import format_table, write_json_atomic
+from thinwire.output import format_table, write_json_atomic
 from thinwire.sim import compute
-from thinwire.sim.collectives import COSTS, AlgorithmConfig, Cluster
+from thinwire.sim.collectives import AlgorithmConfig, Cluster, names as algorithm_names
 from thinwire.sim.iteration import SCALING_NODES, scaling, simulate
 from thinwire.sim.network import GBIT, NETWORKS, network
 from thinwire.sync import DEFAULT_BUCKET_BYTES
@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="override the device's effective TFLOP/s")
     p.add_argument("--batch-size", type=int, default=None, help="per GPU (default: per model)")
     p.add_argument("--algorithm", action="append", default=None,
-                   help=f"one of {', '.join(COSTS)}; repeat for several (default: all)")
+                   help=f"one of {', '.join(algorithm_names())}; repeat for several (default: all)")
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--wire", default="none", help="dense wire dtype: none, fp16, bf16")
     p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_BYTES / 2**20)
@@ -85,7 +85,7 @@ def run_simulate(args) -> dict:
     layers, batch, compute_note = _layers(args)
     rates = compute.device(args.device).sparse
     wire = None if args.wire == "none" else args.wire
-    names = args.algorithm or list(COSTS)
+    names = args.algorithm or list(algorithm_names())
     configs = [AlgorithmConfig(name, density=args.density, wire=wire) for name in names]
     if not args.bucket_mb > 0:
         raise ValueError(f"bucket_mb must be > 0, got {args.bucket_mb}")

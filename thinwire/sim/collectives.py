@@ -1,193 +1,28 @@
 """Alpha-beta cost of one gradient bucket under each of thinwire's algorithms.
 
-Volumes come from :mod:`thinwire.collectives.traffic` - the same functions the algorithms call
-to report their bytes - evaluated for every local rank of a node, so a prediction and a measured
-run's byte counters agree by construction. Times follow the ring model of PAPERS.md 1b:
-
-* a ring collective over P ranks takes ``2(P-1)`` steps (all-reduce) or ``P-1`` steps
-  (reduce-scatter, all-gather), each costing one ``alpha`` of the slowest link it crosses;
-* the bytes cost ``bytes / bandwidth`` on the busiest link: per rank on intra-node links, per
-  *node* on the NIC (the ranks of a node share it: n parallel inter-node rings of hitopk and
-  hier_allreduce split the NIC n ways, which is what PAPERS.md's per-rank ``beta_inter`` means);
-* phases that follow one another (reduce-scatter, then inter-node, then all-gather) add up.
-
-Sparse algorithms also compute: top-k selection (with its error-feedback passes) over the
-elements a rank selects from, and the index_add of what it receives. Those costs come from
-:class:`SparseRates` and are reported apart from communication ("selection").
+Each algorithm's model lives beside its implementation (``cost`` in its file under
+:mod:`thinwire.collectives`, built from :mod:`thinwire.collectives.costs`); this module is the
+simulator's entry point to them, so every registered algorithm is simulated without edits here.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from functools import lru_cache
+from thinwire import collectives
+from thinwire.collectives.costs import (GRAD_ELEMENT_SIZE, AlgorithmConfig, BucketCost, Cluster,
+                                        SparseRates)
 
-import torch
-
-from thinwire.collectives import ALGORITHMS
-from thinwire.collectives import traffic
-from thinwire.compress import WIRE_DTYPES, packed_bytes
-from thinwire.sim.network import Network
-from thinwire.state import DEFAULT_DENSE_BELOW_BYTES
-from thinwire.topk import k_for_density, validate_density
-
-GRAD_ELEMENT_SIZE = 4  # gradients are fp32 (DDP keeps fp32 parameters under autocast)
+__all__ = ["GRAD_ELEMENT_SIZE", "AlgorithmConfig", "BucketCost", "Cluster", "SparseRates",
+           "bucket_cost", "names"]
 
 
-@dataclass(frozen=True)
-class Cluster:
-    nodes: int
-    ranks_per_node: int
-
-    def __post_init__(self):
-        for name in ("nodes", "ranks_per_node"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.ranks_per_node
+def names() -> tuple[str, ...]:
+    """The algorithms the simulator models: every registered one."""
+    return collectives.names()
 
 
-@dataclass(frozen=True)
-class _RankView:
-    """What traffic.py reads from a Topology, for one local rank of a simulated cluster."""
-    nodes: int
-    ranks_per_node: int
-    local_rank: int
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.ranks_per_node
-
-
-@dataclass(frozen=True)
-class SparseRates:
-    """Device speed of the sparse algorithms' own computation (elements per second)."""
-    select_rate: float          # top-k selection incl. error feedback, elements of input / s
-    scatter_rate: float         # index_add of received (value, index) pairs / s
-    select_alpha: float = 0.0   # fixed cost per selection call (kernel launches, host syncs)
-
-
-@dataclass(frozen=True)
-class AlgorithmConfig:
-    name: str
-    density: float = 0.01
-    wire: str | None = None     # dense parts on the wire: None (fp32), "fp16" or "bf16"
-    dense_below_bytes: int = DEFAULT_DENSE_BELOW_BYTES  # hitopk all-reduces smaller buckets
-
-    def __post_init__(self):
-        if self.name not in COSTS:
-            raise ValueError(f"algorithm must be one of {', '.join(COSTS)}, got {self.name!r}")
-        validate_density(self.density)
-        if (self.wire or "none") not in WIRE_DTYPES:
-            raise ValueError(f"wire must be one of {', '.join(WIRE_DTYPES)}, got {self.wire!r}")
-
-    @property
-    def wire_size(self) -> int:
-        dtype = WIRE_DTYPES[self.wire or "none"]
-        return GRAD_ELEMENT_SIZE if dtype is None else torch.empty((), dtype=dtype).element_size()
-
-
-@dataclass
-class BucketCost:
-    comm_s: float = 0.0
-    select_s: float = 0.0
-    intra_bytes: float = 0.0    # sent by the busiest rank on intra-node links
-    inter_bytes: float = 0.0    # sent through one node's NIC (all its ranks together)
-
-    def __iadd__(self, other: "BucketCost") -> "BucketCost":
-        self.comm_s += other.comm_s
-        self.select_s += other.select_s
-        self.intra_bytes += other.intra_bytes
-        self.inter_bytes += other.inter_bytes
-        return self
-
-
-def _volumes(cluster: Cluster, fn, *args) -> tuple[float, float]:
-    """(max intra bytes of one rank, inter bytes of one node) of a traffic.py function."""
-    per_rank = [fn(_RankView(cluster.nodes, cluster.ranks_per_node, j), *args)
-                for j in range(cluster.ranks_per_node)]
-    return max(t.intra for t in per_rank), sum(t.inter for t in per_rank)
-
-
-def _world_ring(cluster: Cluster, net: Network, steps: int, fn, *args) -> BucketCost:
-    intra, inter = _volumes(cluster, fn, *args)
-    alpha = net.inter.alpha if cluster.nodes > 1 else net.intra.alpha
-    seconds = steps * alpha + max(intra / net.intra.bandwidth, inter / net.inter.bandwidth)
-    return BucketCost(comm_s=seconds, intra_bytes=intra, inter_bytes=inter)
-
-
-def _intra_phase(cluster: Cluster, net: Network, fn, *args) -> BucketCost:
-    intra, _ = _volumes(cluster, fn, *args)
-    return BucketCost(comm_s=net.intra.time(cluster.ranks_per_node - 1, intra), intra_bytes=intra)
-
-
-def _inter_phase(cluster: Cluster, net: Network, steps: int, fn, *args) -> BucketCost:
-    _, inter = _volumes(cluster, fn, *args)
-    return BucketCost(comm_s=net.inter.time(steps, inter), inter_bytes=inter)
-
-
-@lru_cache(maxsize=4096)
-def _sparse_block(numel: int, density: float) -> tuple[int, int]:
-    """(k, bytes of one rank's packed values + indices) for a selection over ``numel``."""
-    k = k_for_density(numel, density)
-    return k, packed_bytes(k, torch.float32, numel)
-
-
-def _selection(rates: SparseRates, numel: int, received: int) -> float:
-    return rates.select_alpha + numel / rates.select_rate + received / rates.scatter_rate
-
-
-def allreduce(cfg: AlgorithmConfig, cluster: Cluster, net: Network, elements: int,
-              rates: SparseRates) -> BucketCost:
-    w = cluster.world_size
-    return _world_ring(cluster, net, 2 * (w - 1), traffic.world_allreduce, elements,
-                       cfg.wire_size)
-
-
-def hier_allreduce(cfg: AlgorithmConfig, cluster: Cluster, net: Network, elements: int,
-                   rates: SparseRates) -> BucketCost:
-    n, m, size = cluster.ranks_per_node, cluster.nodes, cfg.wire_size
-    full = math.ceil(elements / n) * n  # padded to equal shards
-    cost = _intra_phase(cluster, net, traffic.intra_reduce_scatter, full, size)
-    cost += _inter_phase(cluster, net, 2 * (m - 1), traffic.inter_allreduce, full // n, size)
-    cost += _intra_phase(cluster, net, traffic.intra_allgather, full, size)
-    return cost
-
-
-def topk_allgather(cfg: AlgorithmConfig, cluster: Cluster, net: Network, elements: int,
-                   rates: SparseRates) -> BucketCost:
-    w = cluster.world_size
-    k, block = _sparse_block(elements, cfg.density)
-    cost = _world_ring(cluster, net, w - 1, traffic.world_allgather, block)
-    cost.select_s = _selection(rates, elements, w * k)
-    return cost
-
-
-def hitopk(cfg: AlgorithmConfig, cluster: Cluster, net: Network, elements: int,
-           rates: SparseRates) -> BucketCost:
-    if elements * GRAD_ELEMENT_SIZE < cfg.dense_below_bytes:
-        return allreduce(cfg, cluster, net, elements, rates)
-    n, m, size = cluster.ranks_per_node, cluster.nodes, cfg.wire_size
-    full = math.ceil(elements / n) * n
-    k, block = _sparse_block(full // n, cfg.density)
-    cost = _intra_phase(cluster, net, traffic.intra_reduce_scatter, full, size)
-    cost += _inter_phase(cluster, net, m - 1, traffic.inter_allgather, block)
-    cost += _intra_phase(cluster, net, traffic.intra_allgather, full, size)
-    cost.select_s = _selection(rates, full // n, m * k)
-    return cost
-
-
-COSTS = {"allreduce": allreduce, "hier_allreduce": hier_allreduce,
-         "topk_allgather": topk_allgather, "hitopk": hitopk}
-assert set(COSTS) == set(ALGORITHMS), "every thinwire algorithm needs a cost model here"
-
-
-def bucket_cost(cfg: AlgorithmConfig, cluster: Cluster, net: Network, elements: int,
+def bucket_cost(cfg: AlgorithmConfig, cluster: Cluster, net, elements: int,
                 rates: SparseRates) -> BucketCost:
     """Communication and selection cost of one bucket of ``elements`` fp32 gradients."""
     if isinstance(elements, bool) or not isinstance(elements, int) or elements < 1:
         raise ValueError(f"elements must be an integer >= 1, got {elements!r}")
-    return COSTS[cfg.name](cfg, cluster, net, elements, rates)
+    return collectives.get(cfg.name).cost(cfg, cluster, net, elements, rates)

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import torch
 
+from thinwire.train.grad_sync import is_sparse
+
 # Resuming with another value of any of these would silently train something else.
 IDENTITY = ("model", "algorithm", "density", "selector", "powersgd_rank", "optimizer",
             "batch_size", "seed", "momentum_correction", "dense_warmup_steps")
-SPARSE = ("topk_allgather", "hitopk")
 
 
 def rank_file(directory: str | os.PathLike, rank: int) -> Path:
@@ -26,7 +27,7 @@ def rank_file(directory: str | os.PathLike, rank: int) -> Path:
 
 def identity(config) -> dict:
     out = {name: getattr(config, name) for name in IDENTITY}
-    if config.algorithm not in SPARSE:  # density and selector do not matter to dense ones
+    if not is_sparse(config.algorithm):  # density and selector do not matter to dense ones
         for name in ("density", "selector", "momentum_correction", "dense_warmup_steps"):
             out.pop(name)
     if config.algorithm != "powersgd":
@@ -58,7 +59,7 @@ def load(directory: str | os.PathLike, rank: int, config, world_size: int) -> di
     # weights_only=False: PowerSGD's state holds a numpy RandomState. Load only your own files.
     payload = torch.load(path, map_location="cpu", weights_only=False)
     saved = payload.get("identity", {})
-    if config.algorithm in SPARSE:  # written before these options existed: they were off
+    if is_sparse(config.algorithm):  # written before these options existed: they were off
         saved = {"momentum_correction": False, "dense_warmup_steps": 0, **saved}
     mine = identity(config)
     for key in ("model", "algorithm"):  # the two most likely mistakes get their own message

@@ -19,22 +19,24 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from thinwire.bench.report import write_json_atomic
+from thinwire.output import write_json_atomic
 from thinwire.cluster import ClusterSpec, missing_requirements, parse_rate
 from thinwire.cluster import run as cluster_run
-from thinwire.train import data, hooks, models
+from thinwire import collectives
+from thinwire.train import data, grad_sync, models
 
 log = logging.getLogger("thinwire.compare")
 
-DEFAULT_ALGORITHMS = ("ddp", "ddp-fp16", "powersgd", "allreduce", "hier_allreduce",
-                      "topk_allgather", "hitopk")
+def default_algorithms() -> list[str]:
+    """PyTorch's peers, then every algorithm in thinwire's registry."""
+    return list(grad_sync.TORCH_ALGORITHMS) + list(collectives.names())
 DEFAULT_MODEL = "widecnn"
 DEFAULT_RATE = "200mbit"  # ddp spends most of its step on the wire here (docs/benchmarks.md)
 
 
 @dataclass
 class CompareSettings:
-    algorithms: list = field(default_factory=lambda: list(DEFAULT_ALGORITHMS))
+    algorithms: list = field(default_factory=default_algorithms)
     model: str = DEFAULT_MODEL
     epochs: int = 2
     max_iters: int = 0
@@ -55,15 +57,15 @@ class CompareSettings:
         if not self.algorithms:
             raise ValueError("--algorithms must name at least one algorithm")
         for name in self.algorithms:
-            if name not in hooks.ALGORITHMS:
+            if name not in grad_sync.algorithm_names():
                 raise ValueError(f"--algorithms: unknown algorithm {name!r}; allowed: "
-                                 f"{', '.join(hooks.ALGORITHMS)}")
+                                 f"{', '.join(grad_sync.algorithm_names())}")
         if len(set(self.algorithms)) != len(self.algorithms):
             raise ValueError(f"--algorithms lists an algorithm twice: {self.algorithms}")
         models.check_model(self.model)
-        hooks.check_density(self.density)
-        hooks.check_selector(self.selector)
-        hooks.check_powersgd_rank(self.powersgd_rank)
+        grad_sync.check_density(self.density)
+        grad_sync.check_selector(self.selector)
+        grad_sync.check_powersgd_rank(self.powersgd_rank)
         for param in ("epochs", "batch_size", "nodes", "ranks_per_node", "evals_per_epoch"):
             value = getattr(self, param)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -10,7 +10,8 @@ import argparse
 import math
 from dataclasses import asdict, dataclass, fields
 
-from thinwire.train import hooks, models
+from thinwire import collectives
+from thinwire.train import grad_sync, models
 
 OPTIMIZERS = ("sgd", "lars")
 AMP_MODES = ("none", "bf16", "fp16")
@@ -63,10 +64,10 @@ class TrainConfig:
             from thinwire.local_sgd.train_adapter import check_config
             check_config(self)
         else:
-            hooks.check_algorithm(self.algorithm)
-        self.density = hooks.check_density(self.density)
-        hooks.check_selector(self.selector)
-        hooks.check_powersgd_rank(self.powersgd_rank)
+            grad_sync.check_algorithm(self.algorithm)
+        self.density = grad_sync.check_density(self.density)
+        grad_sync.check_selector(self.selector)
+        grad_sync.check_powersgd_rank(self.powersgd_rank)
         _choice("--optimizer", self.optimizer, OPTIMIZERS)
         _choice("--amp", self.amp, AMP_MODES)
         _choice("--device", self.device, DEVICES)
@@ -85,19 +86,19 @@ class TrainConfig:
         if self.warmup_steps is not None:
             _integer("--warmup-steps", self.warmup_steps, 0)
         _integer("--dense-warmup-steps", self.dense_warmup_steps, 0)
-        if self.dense_warmup_steps and self.algorithm not in hooks.SPARSE_ALGORITHMS:
+        if self.dense_warmup_steps and not grad_sync.is_sparse(self.algorithm):
             raise ValueError(f"--dense-warmup-steps needs a sparse algorithm "
-                             f"({', '.join(hooks.SPARSE_ALGORITHMS)}), got --algorithm "
+                             f"({', '.join(collectives.sparse_names())}), got --algorithm "
                              f"{self.algorithm}")
         if self.momentum_correction and self.amp == "fp16":
             raise ValueError("--momentum-correction cannot be used with --amp fp16: the hook's "
                              "velocities would hold loss-scaled (and, on overflow, inf) "
                              "gradients; use --amp bf16 or none")
         if self.momentum_correction:
-            if self.algorithm not in hooks.SPARSE_ALGORITHMS or self.optimizer != "sgd":
+            if not grad_sync.is_sparse(self.algorithm) or self.optimizer != "sgd":
                 raise ValueError(
                     f"--momentum-correction needs --optimizer sgd and a sparse algorithm "
-                    f"({', '.join(hooks.SPARSE_ALGORITHMS)}), got --optimizer {self.optimizer} "
+                    f"({', '.join(collectives.sparse_names())}), got --optimizer {self.optimizer} "
                     f"--algorithm {self.algorithm}")
             if not self.momentum < 1:
                 raise ValueError(f"--momentum must be < 1 with --momentum-correction, got "
@@ -135,9 +136,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # Choices are checked in TrainConfig.validate (one message style for CLI and Python).
     a("--model", default=d.model, help=f"one of {', '.join(models.MODELS)} (default {d.model})")
     a("--algorithm", default=d.algorithm,
-      help=f"one of {', '.join(hooks.ALGORITHMS)}, diloco (default {d.algorithm})")
+      help=f"one of {', '.join(grad_sync.algorithm_names())}, diloco (default {d.algorithm})")
     a("--density", type=float, default=d.density, help="top-k density for the sparse algorithms")
-    a("--selector", default=d.selector, help=f"top-k selector: {', '.join(hooks.SELECTORS)}")
+    a("--selector", default=d.selector, help=f"top-k selector: {', '.join(grad_sync.SELECTORS)}")
     a("--powersgd-rank", type=int, default=d.powersgd_rank, help="PowerSGD's matrix rank")
     a("--optimizer", default=d.optimizer, help="sgd (momentum) or lars")
     a("--lr", type=float, default=None,

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from thinwire.optim import LARS, param_groups, warmup_cosine, warmup_poly
-from thinwire.train import checkpoint, data, hooks, models
+from thinwire.train import checkpoint, data, grad_sync, models
 from thinwire.train.config import TrainConfig
 from thinwire.train.metrics import Metrics, interface_tx_bytes
 
@@ -179,11 +179,11 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
         model = sync.model
     else:
         model = DistributedDataParallel(module, device_ids=device_ids)
-        sync = hooks.register(model, cfg.algorithm, cfg.density, cfg.selector, cfg.powersgd_rank,
-                              cfg.seed, cfg.ranks_per_node,
-                              cfg.momentum if cfg.momentum_correction else 0.0,
-                              cfg.dense_warmup_steps,
-                              cfg.weight_decay if cfg.momentum_correction else 0.0)
+        sync = grad_sync.register(model, cfg.algorithm, cfg.density, cfg.selector,
+                                  cfg.powersgd_rank, cfg.seed, cfg.ranks_per_node,
+                                  cfg.momentum if cfg.momentum_correction else 0.0,
+                                  cfg.dense_warmup_steps,
+                                  cfg.weight_decay if cfg.momentum_correction else 0.0)
     opt, sched = _optimizer(cfg, module, total_steps)
     if cfg.algorithm == "diloco":
         sync.attach(opt)  # a post-step hook on opt runs the outer step

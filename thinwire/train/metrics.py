@@ -142,7 +142,7 @@ class Metrics:
         }
         self._write({"event": "summary", **out})
         if self.rank == 0 and cfg.summary:
-            from thinwire.bench.report import write_json_atomic
+            from thinwire.output import write_json_atomic
             write_json_atomic(cfg.summary, out)
         return out
 

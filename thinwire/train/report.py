@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from thinwire.bench.report import format_table
+from thinwire.output import format_table
 
 COLUMNS = ["algorithm", "samples_per_s", "speedup_vs_ddp", "comm_share", "sync_ms_per_iter",
            "inter_node_mb_per_iter", "test_accuracy", "time_to_target_s"]

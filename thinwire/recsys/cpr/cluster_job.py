@@ -248,7 +248,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def train(args) -> int:
     import torch.distributed as dist
-    from thinwire.bench.report import write_json_atomic
+    from thinwire.output import write_json_atomic
     from thinwire.recsys.comm import Comm
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"saved step {step}", flush=True)
         time.sleep(args.step_sleep)
     if args.out:
-        from thinwire.bench.report import write_json_atomic
+        from thinwire.output import write_json_atomic
         write_json_atomic(args.out, {"step": step, "digest": state_digest(trainer),
                                      "resumed_from": resumed_from})
     return 0

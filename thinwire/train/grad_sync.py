@@ -1,6 +1,6 @@
-"""Algorithm name -> the DDP communication hook that implements it.
+"""Gradient synchronisation of a training run: algorithm name -> the DDP hook that does it.
 
-thinwire's own (`allreduce`, `hier_allreduce`, `topk_allgather`, `hitopk`) go through
+thinwire's own (every algorithm in :mod:`thinwire.collectives`' registry) go through
 `thinwire.ddp.register`; PyTorch's own are the peers they are compared with:
 
 * `ddp`: no hook at all, DDP's built-in bucketed all-reduce;
@@ -19,19 +19,30 @@ from typing import Any
 from torch.nn.parallel import DistributedDataParallel
 
 import thinwire.ddp
-from thinwire import topk
+from thinwire import collectives, topk
 
-THINWIRE_ALGORITHMS = ("allreduce", "hier_allreduce", "topk_allgather", "hitopk")
-SPARSE_ALGORITHMS = ("topk_allgather", "hitopk")
 TORCH_ALGORITHMS = ("ddp", "ddp-fp16", "powersgd")
-ALGORITHMS = THINWIRE_ALGORITHMS + TORCH_ALGORITHMS
-SELECTORS = ("mstopk", "exact", "sampled")
+SELECTORS = topk.METHODS
 POWERSGD_START_ITER = 2
 
 
+def algorithm_names() -> tuple[str, ...]:
+    """Every name ``--algorithm`` takes: the registry's algorithms, then PyTorch's peers."""
+    return collectives.names() + TORCH_ALGORITHMS
+
+
+def is_thinwire(name: str) -> bool:
+    return name in collectives.names()
+
+
+def is_sparse(name: str) -> bool:
+    return is_thinwire(name) and collectives.get(name).sparse
+
+
 def check_algorithm(name: str) -> str:
-    if name not in ALGORITHMS:
-        raise ValueError(f"--algorithm must be one of {', '.join(ALGORITHMS)}, got {name!r}")
+    if name not in algorithm_names():
+        raise ValueError(f"--algorithm must be one of {', '.join(algorithm_names())}, "
+                         f"got {name!r}")
     return name
 
 
@@ -62,7 +73,7 @@ class Sync:
 
     def state_dict(self) -> Any:
         """What a checkpoint keeps of the hook: residuals and step counts."""
-        if self.algorithm in THINWIRE_ALGORITHMS:
+        if is_thinwire(self.algorithm):
             return self.state.state_dict()
         if self.algorithm == "powersgd":
             out = {slot: getattr(self.state, slot) for slot in _POWERSGD_SLOTS}
@@ -71,7 +82,7 @@ class Sync:
         return None
 
     def load_state_dict(self, saved: Any) -> None:
-        if self.algorithm in THINWIRE_ALGORITHMS:
+        if is_thinwire(self.algorithm):
             self.state.load_state_dict(saved)
         elif self.algorithm == "powersgd":
             for slot in _POWERSGD_SLOTS:
@@ -81,7 +92,7 @@ class Sync:
 
     def totals(self) -> dict | None:
         """thinwire's own counters (bytes by link class, seconds selecting and communicating)."""
-        if self.algorithm in THINWIRE_ALGORITHMS:
+        if is_thinwire(self.algorithm):
             return dict(self.state.totals)
         return None
 
@@ -97,11 +108,11 @@ def register(model: DistributedDataParallel, algorithm: str, density: float = 0.
              dense_warmup_steps: int = 0, weight_decay_in_hook: float = 0.0) -> Sync:
     """Register ``algorithm`` on ``model`` (collective: every rank calls it)."""
     check_algorithm(algorithm)
-    if algorithm in THINWIRE_ALGORITHMS:
-        state = thinwire.ddp.register(model, algorithm=algorithm, density=check_density(density),
-                                      selector=check_selector(selector),
+    if is_thinwire(algorithm):  # settings were checked where they entered (TrainConfig)
+        state = thinwire.ddp.register(model, algorithm=algorithm, density=density,
+                                      selector=selector,
                                       ranks_per_node=ranks_per_node,
-                                      momentum_correction=momentum_correction,
+                                      momentum_correction=float(momentum_correction),
                                       dense_iterations=dense_warmup_steps,
                                       weight_decay=weight_decay_in_hook)
         return Sync(algorithm, state)

@@ -1,0 +1,149 @@
+"""Building blocks of the algorithms' alpha-beta cost models (each algorithm file has a ``cost``).
+
+Volumes come from :mod:`thinwire.collectives.traffic` - the same functions the algorithms call
+to report their bytes - evaluated for every local rank of a node, so a prediction and a measured
+run's byte counters agree by construction. Times follow the ring model of PAPERS.md 1b:
+
+* a ring collective over P ranks takes ``2(P-1)`` steps (all-reduce) or ``P-1`` steps
+  (reduce-scatter, all-gather), each costing one ``alpha`` of the slowest link it crosses;
+* the bytes cost ``bytes / bandwidth`` on the busiest link: per rank on intra-node links, per
+  *node* on the NIC (the ranks of a node share it: n parallel inter-node rings of hitopk and
+  hier_allreduce split the NIC n ways, which is what PAPERS.md's per-rank ``beta_inter`` means);
+* phases that follow one another (reduce-scatter, then inter-node, then all-gather) add up.
+
+Sparse algorithms also compute: top-k selection (with its error-feedback passes) over the
+elements a rank selects from, and the index_add of what it receives. Those costs come from
+:class:`SparseRates` and are reported apart from communication ("selection").
+
+``net`` is a :class:`thinwire.sim.network.Network` (``net.intra`` / ``net.inter`` links with
+``alpha``, ``bandwidth`` and ``time(steps, bytes)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from thinwire.collectives import registry
+from thinwire.compress import WIRE_DTYPES, packed_bytes
+from thinwire.topk import k_for_density, validate_density
+
+GRAD_ELEMENT_SIZE = 4  # gradients are fp32 (DDP keeps fp32 parameters under autocast)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: int
+    ranks_per_node: int
+
+    def __post_init__(self):
+        for name in ("nodes", "ranks_per_node"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
+@dataclass(frozen=True)
+class RankView:
+    """What traffic.py reads from a Topology, for one local rank of a simulated cluster."""
+    nodes: int
+    ranks_per_node: int
+    local_rank: int
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def rank(self) -> int:  # node 0's ranks stand for every node (the model is symmetric)
+        return self.local_rank
+
+
+@dataclass(frozen=True)
+class SparseRates:
+    """Device speed of the sparse algorithms' own computation (elements per second)."""
+    select_rate: float          # top-k selection incl. error feedback, elements of input / s
+    scatter_rate: float         # index_add of received (value, index) pairs / s
+    select_alpha: float = 0.0   # fixed cost per selection call (kernel launches, host syncs)
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    name: str
+    density: float = 0.01
+    wire: str | None = None     # dense parts on the wire: None (fp32), "fp16" or "bf16"
+    dense_below_bytes: int = registry.DEFAULT_DENSE_BELOW_BYTES  # sparse ones all-reduce less
+
+    def __post_init__(self):
+        registry.get(self.name)
+        validate_density(self.density)
+        if (self.wire or "none") not in WIRE_DTYPES:
+            raise ValueError(f"wire must be one of {', '.join(WIRE_DTYPES)}, got {self.wire!r}")
+
+    @property
+    def wire_size(self) -> int:
+        dtype = WIRE_DTYPES[self.wire or "none"]
+        return GRAD_ELEMENT_SIZE if dtype is None else torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass
+class BucketCost:
+    comm_s: float = 0.0
+    select_s: float = 0.0
+    intra_bytes: float = 0.0    # sent by the busiest rank on intra-node links
+    inter_bytes: float = 0.0    # sent through one node's NIC (all its ranks together)
+
+    def __iadd__(self, other: "BucketCost") -> "BucketCost":
+        self.comm_s += other.comm_s
+        self.select_s += other.select_s
+        self.intra_bytes += other.intra_bytes
+        self.inter_bytes += other.inter_bytes
+        return self
+
+
+def volumes(cluster: Cluster, fn, *args) -> tuple[float, float]:
+    """(max intra bytes of one rank, inter bytes of one node) of a traffic.py function."""
+    per_rank = [fn(RankView(cluster.nodes, cluster.ranks_per_node, j), *args)
+                for j in range(cluster.ranks_per_node)]
+    return max(t.intra for t in per_rank), sum(t.inter for t in per_rank)
+
+
+def world_ring(cluster: Cluster, net, steps: int, fn, *args) -> BucketCost:
+    """A collective over all ranks: alpha of the slowest link, bytes on the busiest one."""
+    intra, inter = volumes(cluster, fn, *args)
+    alpha = net.inter.alpha if cluster.nodes > 1 else net.intra.alpha
+    seconds = steps * alpha + max(intra / net.intra.bandwidth, inter / net.inter.bandwidth)
+    return BucketCost(comm_s=seconds, intra_bytes=intra, inter_bytes=inter)
+
+
+def intra_phase(cluster: Cluster, net, fn, *args) -> BucketCost:
+    intra, _ = volumes(cluster, fn, *args)
+    return BucketCost(comm_s=net.intra.time(cluster.ranks_per_node - 1, intra), intra_bytes=intra)
+
+
+def inter_phase(cluster: Cluster, net, steps: int, fn, *args) -> BucketCost:
+    _, inter = volumes(cluster, fn, *args)
+    return BucketCost(comm_s=net.inter.time(steps, inter), inter_bytes=inter)
+
+
+@lru_cache(maxsize=4096)
+def sparse_block(numel: int, density: float) -> tuple[int, int]:
+    """(k, bytes of one rank's packed values + indices) for a selection over ``numel``."""
+    k = k_for_density(numel, density)
+    return k, packed_bytes(k, torch.float32, numel)
+
+
+def selection(rates: SparseRates, numel: int, received: int) -> float:
+    """Seconds of top-k over ``numel`` entries plus index_add of ``received`` pairs."""
+    return rates.select_alpha + numel / rates.select_rate + received / rates.scatter_rate
+
+
+def padded_length(elements: int, parts: int) -> int:
+    """``elements`` rounded up to a multiple of ``parts`` (equal shards)."""
+    return -(-elements // parts) * parts

@@ -1,0 +1,85 @@
+"""The one list of gradient-synchronisation algorithms.
+
+Each algorithm file in this package declares itself once, at import::
+
+    ALGORITHM = register(Algorithm(name="hitopk", reduce=reduce, cost=cost, sparse=True,
+                                   summary="..."))
+
+and every list of names in the package (``thinwire train --algorithm`` choices, checkpoint
+identity, ``thinwire compare``, the simulator, ``bench sync``) is read from here at the time it
+is needed, so a new file (or a user's own :func:`register` call) is reachable everywhere
+without other edits.
+
+* ``reduce(state, bucket_index, flat) -> averaged flat``: the collective, run by every rank on
+  one bucket (a flat gradient); records its traffic and timings on ``state``
+  (:class:`thinwire.state.SyncState`).
+* ``cost(cfg, cluster, net, elements, rates) -> BucketCost``: the alpha-beta model of the same
+  bucket for the simulator (:mod:`thinwire.collectives.costs` has the building blocks).
+* ``sparse``: the algorithm selects top-k and keeps error feedback (density, selector,
+  momentum correction and dense warm-up apply to it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+# Below this size a bucket is latency-bound: the sparse algorithms all-reduce it densely.
+DEFAULT_DENSE_BELOW_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    reduce: Callable[..., Any]
+    cost: Callable[..., Any]
+    sparse: bool = False
+    summary: str = ""
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(f"algorithm name must be a Python identifier (it is also a "
+                             f"command-line choice and a checkpoint key), got {self.name!r}")
+        for attribute in ("reduce", "cost"):
+            if not callable(getattr(self, attribute)):
+                raise TypeError(f"Algorithm {self.name!r}: {attribute} must be callable, got "
+                                f"{getattr(self, attribute)!r}")
+
+
+_ALGORITHMS: dict[str, Algorithm] = {}
+
+
+def register(algorithm: Algorithm, *, replace: bool = False) -> Algorithm:
+    """Add ``algorithm`` to the registry (its file calls this once, at import)."""
+    if not isinstance(algorithm, Algorithm):
+        raise TypeError(f"register() takes an Algorithm, got {type(algorithm).__name__}")
+    if algorithm.name in _ALGORITHMS and not replace:
+        raise ValueError(f"algorithm {algorithm.name!r} is already registered")
+    _ALGORITHMS[algorithm.name] = algorithm
+    return algorithm
+
+
+def unregister(name: str) -> None:
+    """Remove ``name`` (tests that register their own algorithm clean up with this)."""
+    _ALGORITHMS.pop(name, None)
+
+
+def names() -> tuple[str, ...]:
+    """Every registered name, the dense algorithms first, each kind in registration order."""
+    return tuple(sorted(_ALGORITHMS, key=lambda name: _ALGORITHMS[name].sparse))
+
+
+def sparse_names() -> tuple[str, ...]:
+    return tuple(name for name, algorithm in _ALGORITHMS.items() if algorithm.sparse)
+
+
+def is_sparse(name: str) -> bool:
+    return get(name).sparse
+
+
+def get(name: str, param: str = "algorithm") -> Algorithm:
+    """The algorithm called ``name``; a clear error naming ``param`` where there is none."""
+    algorithm = _ALGORITHMS.get(name) if isinstance(name, str) else None
+    if algorithm is None:
+        raise ValueError(f"{param} must be one of {', '.join(names())}, got {name!r}")
+    return algorithm
