@@ -56,10 +56,21 @@ class TrainConfig:
     compute_probe_iters: int = 5     # 0: do not measure compute-only time
     ranks_per_node: int | None = None
     progress: bool = True
+    # --algorithm diloco (thinwire.local_sgd): nodes are DiLoCo workers, DDP inside a node
+    sync_every: int = 0
+    outer_algorithm: str = "hier_allreduce"
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    fragments: int = 1
+    overlap: bool = False
 
     def validate(self) -> "TrainConfig":
         models.check_model(self.model)
-        grad_sync.check_algorithm(self.algorithm)
+        if self.algorithm == "diloco":
+            from thinwire.local_sgd.train_adapter import check_config
+            check_config(self)
+        else:
+            grad_sync.check_algorithm(self.algorithm)
         self.density = grad_sync.check_density(self.density)
         grad_sync.check_selector(self.selector)
         _choice("--wire", self.wire, tuple(WIRE_DTYPES))
@@ -153,7 +164,7 @@ def add_arguments(parser: argparse.ArgumentParser, exclude: tuple = ()) -> None:
     # Choices are checked in TrainConfig.validate (one message style for CLI and Python).
     a("--model", default=d.model, help=f"one of {', '.join(models.MODELS)} (default {d.model})")
     a("--algorithm", default=d.algorithm,
-      help=f"one of {', '.join(grad_sync.algorithm_names())} (default {d.algorithm})")
+      help=f"one of {', '.join(grad_sync.algorithm_names())}, diloco (default {d.algorithm})")
     a("--density", type=float, default=d.density, help="top-k density for the sparse algorithms")
     a("--selector", default=d.selector, help=f"top-k selector: {', '.join(grad_sync.SELECTORS)}")
     a("--wire", default=d.wire, help=f"thinwire's algorithms: dtype of the dense parts on the "
@@ -197,6 +208,16 @@ def add_arguments(parser: argparse.ArgumentParser, exclude: tuple = ()) -> None:
     a("--ranks-per-node", type=int, default=None,
       help="default: THINWIRE_RANKS_PER_NODE or torchrun's LOCAL_WORLD_SIZE")
     a("--no-progress", dest="progress", action="store_false", help="no tqdm bar")
+    a("--sync-every", type=int, default=d.sync_every,
+      help="--algorithm diloco: inner steps between outer steps across nodes")
+    a("--outer-algorithm", default=d.outer_algorithm,
+      help="--algorithm diloco: how the pseudo-gradient travels between nodes (hitopk: "
+           "compressed with --density)")
+    a("--outer-lr", type=float, default=d.outer_lr)
+    a("--outer-momentum", type=float, default=d.outer_momentum, help="Nesterov")
+    a("--fragments", type=int, default=d.fragments, help="Streaming DiLoCo fragments")
+    a("--overlap", action="store_true",
+      help="--algorithm diloco: a fragment's exchange overlaps the next inner step")
 
 
 def add_config_file(parser: argparse.ArgumentParser, argv: list[str] | None) -> None:
