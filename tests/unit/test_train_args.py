@@ -24,6 +24,8 @@ from thinwire.train.config import TrainConfig
     ({"momentum_correction": True, "optimizer": "lars"},
      ["--momentum-correction", "--optimizer lars", "sgd"]),
     ({"dense_warmup_steps": -1}, ["--dense-warmup-steps", "-1"]),
+    ({"wire": "int8"}, ["--wire", "'int8'", "none", "fp16", "bf16"]),
+    ({"wire": "bf16", "algorithm": "powersgd"}, ["--wire", "--algorithm powersgd", "hitopk"]),
 ])
 def test_train_config_errors_name_parameter_value_and_allowed(changes, words):
     with pytest.raises(ValueError) as info:

@@ -23,6 +23,7 @@ BENCH_MODULES = [
     "thinwire.bench.cpr",
     "thinwire.bench.cluster_resources",
     "thinwire.bench.pipeline",
+    "thinwire.bench.diloco",
 ]
 
 

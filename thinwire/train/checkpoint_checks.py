@@ -182,6 +182,16 @@ def check_hook(saved, algorithm: str, is_thinwire: bool, numel: int) -> None:
             _check_tensor_dict(saved.get(name), f"hook.{name}", numel)
         _check_layouts(saved.get("layouts"), "hook.layouts")
         rng_from_plain(saved.get("rng"))
+    elif algorithm == "diloco":  # DiLoCoSync: anchor and outer momentum, the inner SyncState
+        _require(isinstance(saved, dict) and _is_int(saved.get("inner_steps"))
+                 and saved["inner_steps"] >= 0 and isinstance(saved.get("pending"), dict),
+                 "hook", "a DiLoCo state (inner_steps >= 0, pending)", type(saved).__name__)
+        for name in ("anchor", "momentum"):
+            tensors = saved.get(name)
+            _require(isinstance(tensors, list) and all(
+                isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() <= numel
+                for t in tensors), f"hook.{name}", "a list of floating tensors", type(tensors))
+        check_hook(saved.get("sync"), "sync", True, numel)
     else:
         _require(saved is None, "hook", f"None (--algorithm {algorithm} keeps no state)",
                  type(saved).__name__)

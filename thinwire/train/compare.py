@@ -132,6 +132,8 @@ class CompareSettings:
         extra = {}
         if not grad_sync.is_sparse(algorithm):  # options that only the sparse methods take
             extra = {"momentum_correction": False, "dense_warmup_steps": 0}
+        if not grad_sync.is_thinwire(algorithm):  # PyTorch's peers have their own wire format
+            extra["wire"] = "none"
         return dataclasses.replace(
             base, algorithm=algorithm, lr=base.lr if lr is None else lr,
             seed=base.seed if seed is None else seed, progress=False, log_every=1,

@@ -12,6 +12,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 
 from thinwire import collectives
+from thinwire.compress import WIRE_DTYPES
 from thinwire.train import grad_sync, models, quality
 
 OPTIMIZERS = ("sgd", "lars")
@@ -28,6 +29,7 @@ class TrainConfig:
     algorithm: str = "hitopk"
     density: float = 0.01
     selector: str = "mstopk"
+    wire: str = "none"               # thinwire algorithms: dense parts on the wire (fp16, bf16)
     powersgd_rank: int = 4
     optimizer: str = "sgd"
     lr: float | None = None          # None: the model's default (models.MODELS)
@@ -58,12 +60,28 @@ class TrainConfig:
     compute_probe_iters: int = 5     # 0: do not measure compute-only time
     ranks_per_node: int | None = None
     progress: bool = True
+    # --algorithm diloco (thinwire.local_sgd): nodes are DiLoCo workers, DDP inside a node
+    sync_every: int = 0
+    outer_algorithm: str = "hier_allreduce"
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    fragments: int = 1
+    overlap: bool = False
 
     def validate(self) -> "TrainConfig":
         models.check_model(self.model)
-        grad_sync.check_algorithm(self.algorithm)
+        if self.algorithm == "diloco":
+            from thinwire.local_sgd.train_adapter import check_config
+            check_config(self)
+        else:
+            grad_sync.check_algorithm(self.algorithm)
         self.density = grad_sync.check_density(self.density)
         grad_sync.check_selector(self.selector)
+        _choice("--wire", self.wire, tuple(WIRE_DTYPES))
+        if self.wire != "none" and not grad_sync.is_thinwire(self.algorithm):
+            raise ValueError(f"--wire applies to thinwire's algorithms "
+                             f"({', '.join(collectives.names())}); --algorithm {self.algorithm} "
+                             f"has its own wire format, got --wire {self.wire}")
         grad_sync.check_powersgd_rank(self.powersgd_rank)
         _choice("--optimizer", self.optimizer, OPTIMIZERS)
         _choice("--amp", self.amp, AMP_MODES)
@@ -159,9 +177,11 @@ def add_arguments(parser: argparse.ArgumentParser, exclude: tuple = ()) -> None:
     # Choices are checked in TrainConfig.validate (one message style for CLI and Python).
     a("--model", default=d.model, help=f"one of {', '.join(models.MODELS)} (default {d.model})")
     a("--algorithm", default=d.algorithm,
-      help=f"one of {', '.join(grad_sync.algorithm_names())} (default {d.algorithm})")
+      help=f"one of {', '.join(grad_sync.algorithm_names())}, diloco (default {d.algorithm})")
     a("--density", type=float, default=d.density, help="top-k density for the sparse algorithms")
     a("--selector", default=d.selector, help=f"top-k selector: {', '.join(grad_sync.SELECTORS)}")
+    a("--wire", default=d.wire, help=f"thinwire's algorithms: dtype of the dense parts on the "
+      f"wire, one of {', '.join(WIRE_DTYPES)} (default {d.wire})")
     a("--powersgd-rank", type=int, default=d.powersgd_rank, help="PowerSGD's matrix rank")
     a("--optimizer", default=d.optimizer, help="sgd (momentum) or lars")
     a("--lr", type=float, default=None,
@@ -201,6 +221,16 @@ def add_arguments(parser: argparse.ArgumentParser, exclude: tuple = ()) -> None:
     a("--ranks-per-node", type=int, default=None,
       help="default: THINWIRE_RANKS_PER_NODE or torchrun's LOCAL_WORLD_SIZE")
     a("--no-progress", dest="progress", action="store_false", help="no tqdm bar")
+    a("--sync-every", type=int, default=d.sync_every,
+      help="--algorithm diloco: inner steps between outer steps across nodes")
+    a("--outer-algorithm", default=d.outer_algorithm,
+      help="--algorithm diloco: how the pseudo-gradient travels between nodes (hitopk: "
+           "compressed with --density)")
+    a("--outer-lr", type=float, default=d.outer_lr)
+    a("--outer-momentum", type=float, default=d.outer_momentum, help="Nesterov")
+    a("--fragments", type=int, default=d.fragments, help="Streaming DiLoCo fragments")
+    a("--overlap", action="store_true",
+      help="--algorithm diloco: a fragment's exchange overlaps the next inner step")
 
 
 def add_config_file(parser: argparse.ArgumentParser, argv: list[str] | None) -> None:

@@ -108,7 +108,8 @@ _POWERSGD_SLOTS = ("iter", "error_dict", "p_memory_dict", "q_memory_dict", "rng"
 def register(model: DistributedDataParallel, algorithm: str, density: float = 0.01,
              selector: str = "mstopk", powersgd_rank: int = 4, seed: int = 0,
              ranks_per_node: int | None = None, momentum_correction: float = 0.0,
-             dense_warmup_steps: int = 0, weight_decay_in_hook: float = 0.0) -> Sync:
+             dense_warmup_steps: int = 0, weight_decay_in_hook: float = 0.0,
+             wire: str | None = None) -> Sync:
     """Register ``algorithm`` on ``model`` (collective: every rank calls it)."""
     check_algorithm(algorithm)
     if is_thinwire(algorithm):  # settings were checked where they entered (TrainConfig)
@@ -117,7 +118,7 @@ def register(model: DistributedDataParallel, algorithm: str, density: float = 0.
                                       ranks_per_node=ranks_per_node,
                                       momentum_correction=float(momentum_correction),
                                       dense_iterations=dense_warmup_steps,
-                                      weight_decay=weight_decay_in_hook)
+                                      weight_decay=weight_decay_in_hook, wire=wire)
         return Sync(algorithm, state)
     if algorithm == "ddp":
         return Sync(algorithm)

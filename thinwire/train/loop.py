@@ -189,13 +189,22 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
                             check=_fits(cfg, module, opt, sched)) if cfg.resume else None
     if saved is not None:
         module.load_state_dict(saved["model"])
-    model = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda"
-                                    else None)
-    sync = grad_sync.register(model, cfg.algorithm, cfg.density, cfg.selector, cfg.powersgd_rank,
-                          cfg.seed, cfg.ranks_per_node,
-                          cfg.momentum if cfg.momentum_correction else 0.0,
-                          cfg.dense_warmup_steps,
-                          cfg.weight_decay if cfg.momentum_correction else 0.0)
+    device_ids = [device.index] if device.type == "cuda" else None
+    if cfg.algorithm == "diloco":  # DDP inside each node, DiLoCo across nodes
+        from thinwire.local_sgd.train_adapter import DiLoCoSync
+        from thinwire.topology import Topology
+        sync = DiLoCoSync(cfg, module, Topology.build(cfg.ranks_per_node), device_ids)
+        model = sync.model
+    else:
+        model = DistributedDataParallel(module, device_ids=device_ids)
+        sync = grad_sync.register(model, cfg.algorithm, cfg.density, cfg.selector,
+                                  cfg.powersgd_rank, cfg.seed, cfg.ranks_per_node,
+                                  cfg.momentum if cfg.momentum_correction else 0.0,
+                                  cfg.dense_warmup_steps,
+                                  cfg.weight_decay if cfg.momentum_correction else 0.0,
+                                  wire=cfg.wire)
+    if cfg.algorithm == "diloco":
+        sync.attach(opt)  # a post-step hook on opt runs the outer step
     scaler = torch.amp.GradScaler("cuda") if cfg.amp == "fp16" else None
     metrics = Metrics(cfg, rank, world, total_steps, steps_per_epoch)
     step, epoch, position = 0, 0, 0
@@ -257,6 +266,9 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
         if not cfg.eval_every and (epoch_done or step >= total_steps) \
                 and not metrics.stop_reason:
             run_eval()
+    if cfg.algorithm == "diloco" and not stopped:
+        sync.flush()  # an exchange in flight lands before the final evaluation (a stopped run
+        # keeps it in its checkpoint instead, to apply it at its step after the resume)
     tx_end = interface_tx_bytes()
     metrics.stop_timing(sync.totals(), tx_start, tx_end)
     if cfg.eval_every and not stopped and (not metrics.curve

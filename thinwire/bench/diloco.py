@@ -1,0 +1,151 @@
+"""`thinwire bench diloco`: DiLoCo (dense and hitopk outer step) against per-step DDP and hitopk
+on the emulated cluster, and thinwire's dense DiLoCo against torchft's per outer step.
+
+Per configuration: time per inner step (slowest rank, evaluation excluded), inter-node bytes per
+inner step (busiest rank, thinwire's ring model), held-out bits per byte at the end, and the time
+to reach ``--target-bits`` (default: the final value of per-step hitopk in the same run, else the
+worst final value; ratios to hitopk come from the same run). ``--torchft`` adds the per-outer-step
+comparison with torchft on loopback (no shaping: both exchange the same bytes over gloo).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+from thinwire.bench.report import format_table, save_if_asked
+
+COLUMNS = ("config", "s_per_step", "vs_hitopk_time", "inter_kb_per_step", "ddp_bytes_over",
+           "final_bits", "time_to_target_s", "vs_hitopk_to_target")
+
+
+def _time_to(curve: list[dict], target: float) -> float | None:
+    return next((point["seconds"] for point in curve if point["bits"] <= target), None)
+
+
+def run(spec, configs, steps: int, batch: int, density: float, eval_every: int,
+        target_bits: float | None, model: str = "transformer", lr: float = 3e-3,
+        outer_density: float | None = None, timeout_s: float = 3600) -> dict:
+    from thinwire.cluster import run as run_on_cluster
+
+    with tempfile.TemporaryDirectory(prefix="thinwire-bench-diloco-") as tmp:
+        out = os.path.join(tmp, "rows.json")
+        command = ["-m", "thinwire.bench.diloco_worker", "--out", out, "--model", model,
+                   "--steps", str(steps), "--batch", str(batch), "--density", str(density),
+                   "--eval-every", str(eval_every), "--lr", str(lr)]
+        if outer_density is not None:
+            command += ["--outer-density", str(outer_density)]
+        command += ["--configs", *configs]
+        status = run_on_cluster(spec, command, timeout_s=timeout_s, output=sys.stderr)
+        if status != 0:
+            raise RuntimeError(f"the benchmark ranks failed with exit status {status}")
+        with open(out) as handle:
+            result = json.load(handle)
+    rows = {row["config"]: row for row in result["rows"]}
+    # default target: what per-step hitopk reaches at the end (else the worst final value)
+    target = target_bits if target_bits is not None else \
+        rows["hitopk"]["final_bits"] if "hitopk" in rows else \
+        max(row["final_bits"] for row in result["rows"])
+    for row in result["rows"]:
+        row["inter_kb_per_step"] = row["inter_bytes_per_step"] / 1e3
+        row["time_to_target_s"] = _time_to(row["curve"], target)
+        if "ddp" in rows and row["inter_bytes_per_step"] > 0:
+            row["ddp_bytes_over"] = rows["ddp"]["inter_bytes_per_step"] / row["inter_bytes_per_step"]
+        if "hitopk" in rows:
+            row["vs_hitopk_time"] = row["s_per_step"] / rows["hitopk"]["s_per_step"]
+            base = rows["hitopk"]["time_to_target_s"] if "time_to_target_s" in rows["hitopk"] \
+                else _time_to(rows["hitopk"]["curve"], target)
+            if base and row["time_to_target_s"] is not None:
+                row["vs_hitopk_to_target"] = row["time_to_target_s"] / base
+    result["setting"] = {"nodes": spec.nodes, "ranks_per_node": spec.ranks_per_node,
+                         "inter_node_bandwidth": spec.inter_node_bandwidth,
+                         "shaping": spec.shaping, "model": model, "steps": steps,
+                         "batch": batch, "density": density, "outer_density": outer_density or density,
+                         "eval_every": eval_every,
+                         "lr": lr, "target_bits": target}
+    return result
+
+
+def torchft_outer_steps(nodes: int = 2, steps: int = 40, sync_every: int = 10,
+                        repeats: int = 3) -> dict:
+    """Median wall time of the inner step that carries the outer step (everything else is the
+    same inner AdamW step), thinwire vs torchft, one process per node on loopback for thinwire,
+    one thread per node for torchft (as torchft's own tests run it)."""
+    import torch
+
+    from thinwire.local_sgd import torchft_peer
+    from thinwire.local_sgd.bench_peer import thinwire_replicas, torchft_lm_replica
+
+    rows = []
+    for repeat in range(repeats):
+        ours = thinwire_replicas(nodes, steps, sync_every)
+        theirs = torchft_peer.run_replicas(nodes, torchft_lm_replica, steps, sync_every,
+                                           processes=True, timeout_s=600)
+        worst = max(float((a - b).abs().max())
+                    for a, b in zip(ours[0]["params"], theirs[0]["params"]))
+        rows.append({"repeat": repeat, "max_param_diff": worst,
+                     "thinwire_s": statistics.median(s for r in ours for s in r["sync_s"]),
+                     "torchft_s": statistics.median(s for r in theirs for s in r["sync_s"])})
+    for row in rows:
+        row["ratio"] = row["thinwire_s"] / row["torchft_s"]
+    thinwire_s = statistics.median(r["thinwire_s"] for r in rows)
+    torchft_s = statistics.median(r["torchft_s"] for r in rows)
+    return {"rows": rows, "thinwire_s": thinwire_s, "torchft_s": torchft_s,
+            # the median of the per-repeat ratios (both measured in the same repeat)
+            "thinwire_over_torchft": statistics.median(r["ratio"] for r in rows),
+            "setting": {"nodes": nodes, "steps": steps, "sync_every": sync_every,
+                        "model": "transformer", "repeats": repeats}}
+
+
+def _main(args: argparse.Namespace) -> int:
+    from thinwire.cluster import ClusterSpec
+
+    result = {}
+    if not args.torchft_only:
+        spec = ClusterSpec(nodes=args.nodes, ranks_per_node=args.ranks_per_node,
+                           inter_node_bandwidth=args.inter_node_bandwidth,
+                           shaping=not args.no_shaping)
+        configs = args.configs or (["ddp", "hitopk"] + [f"diloco-{h}" for h in args.sync_every]
+                                   + [f"diloco-hitopk-{h}" for h in args.sync_every])
+        result = run(spec, configs, args.steps, args.batch, args.density, args.eval_every,
+                     args.target_bits, args.model, args.lr, args.outer_density)
+        print(format_table(result["rows"], COLUMNS))
+    if args.torchft or args.torchft_only:
+        result["torchft"] = torchft_outer_steps(repeats=args.repeats)
+        print(format_table(result["torchft"]["rows"],
+                           ("repeat", "thinwire_s", "torchft_s", "ratio", "max_param_diff")))
+        print(f"thinwire / torchft per outer step: {result['torchft']['thinwire_over_torchft']:.3f}")
+    save_if_asked(args.json, result)
+    return 0
+
+
+def register(bench_subparsers) -> None:
+    parser = bench_subparsers.add_parser(
+        "diloco", help="DiLoCo vs per-step DDP and hitopk on the emulated cluster (and torchft)")
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--ranks-per-node", type=int, default=2)
+    parser.add_argument("--inter-node-bandwidth", default="100mbit")
+    parser.add_argument("--no-shaping", action="store_true",
+                        help="loopback only (no root needed): the logical topology, no slow links")
+    parser.add_argument("--model", default="transformer")
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--density", type=float, default=0.01)
+    parser.add_argument("--sync-every", type=int, nargs="+", default=[20])
+    parser.add_argument("--outer-density", type=float, default=None,
+                        help="density of the hitopk outer step (default: --density)")
+    parser.add_argument("--configs", nargs="+", default=None,
+                        help="explicit list: ddp, hitopk, diloco-H, diloco-hitopk-H")
+    parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--target-bits", type=float, default=None)
+    parser.add_argument("--torchft", action="store_true",
+                        help="also time thinwire's dense DiLoCo against torchft per outer step")
+    parser.add_argument("--torchft-only", action="store_true")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", metavar="PATH")
+    parser.set_defaults(func=_main)

@@ -1,0 +1,62 @@
+"""`thinwire train --algorithm diloco`: DiLoCo seen by the training loop as a ``Sync`` (counters,
+checkpoint), with DDP inside each node and the outer step driven by a post-step hook on the
+loop's own optimizer (so the loop's step code stays as it is)."""
+
+from __future__ import annotations
+
+import math
+
+from torch.nn.parallel import DistributedDataParallel
+
+from thinwire import collectives
+from thinwire.local_sgd.diloco import DiLoCo, node_group
+
+
+def check_config(cfg) -> None:
+    """Clear errors for the DiLoCo options of a TrainConfig (the CLI's names)."""
+    if isinstance(cfg.sync_every, bool) or not isinstance(cfg.sync_every, int) \
+            or cfg.sync_every < 1:
+        raise ValueError(f"--sync-every must be an integer >= 1 with --algorithm diloco, got "
+                         f"{cfg.sync_every!r}")
+    if cfg.outer_algorithm not in collectives.names():
+        raise ValueError(f"--outer-algorithm must be one of {', '.join(collectives.names())}, got "
+                         f"{cfg.outer_algorithm!r}")
+    if not (math.isfinite(cfg.outer_lr) and cfg.outer_lr > 0):
+        raise ValueError(f"--outer-lr must be a number > 0, got {cfg.outer_lr!r}")
+    if not 0 <= cfg.outer_momentum < 1:
+        raise ValueError(f"--outer-momentum must be in [0, 1), got {cfg.outer_momentum!r}")
+    if isinstance(cfg.fragments, bool) or not isinstance(cfg.fragments, int) or cfg.fragments < 1:
+        raise ValueError(f"--fragments must be an integer >= 1, got {cfg.fragments!r}")
+
+
+class DiLoCoSync:
+    """Builds the node-local DDP model now and the DiLoCo once the optimizer exists."""
+
+    def __init__(self, cfg, module, topology, device_ids=None):
+        self.cfg = cfg
+        self.topology = topology
+        self.model = DistributedDataParallel(module, device_ids=device_ids,
+                                             process_group=node_group(topology))
+        self.diloco: DiLoCo | None = None
+
+    def attach(self, optimizer) -> None:
+        cfg = self.cfg
+        sparse = cfg.outer_algorithm in collectives.sparse_names()
+        self.diloco = DiLoCo(
+            self.model, optimizer, sync_every=cfg.sync_every, outer_lr=cfg.outer_lr,
+            outer_momentum=cfg.outer_momentum, algorithm=cfg.outer_algorithm,
+            density=cfg.density if sparse else None, selector=cfg.selector,
+            fragments=cfg.fragments, overlap=cfg.overlap, topology=self.topology)
+        optimizer.register_step_post_hook(lambda *_: self.diloco.step())
+
+    def flush(self) -> None:
+        self.diloco.flush()
+
+    def state_dict(self) -> dict:
+        return self.diloco.state_dict()
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.diloco.load_state_dict(saved)
+
+    def totals(self) -> dict:
+        return dict(self.diloco.state.totals)
