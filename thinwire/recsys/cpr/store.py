@@ -23,6 +23,8 @@ import os
 import re
 from pathlib import Path
 
+import torch
+
 from thinwire import safefile
 from thinwire.recsys.sharded import EmbeddingShard
 
