@@ -43,9 +43,12 @@ class ErrorFeedback:
         kept = store.get(bucket_index)
         if kept is not None and (kept.shape != like.shape or kept.dtype != like.dtype
                                  or self.layouts.get(bucket_index) != self.layout):
-            log.info("bucket %d changed (%s -> %s elements, layout %s -> %s): its %s "
-                     "starts again at zero", bucket_index, kept.numel(), like.numel(),
-                     self.layouts.get(bucket_index), self.layout, what)
+            # Expected once after the first step: DDP rebuilds its buckets then, so a bucket
+            # index names other parameters. Not a fault, hence debug.
+            log.debug("bucket %d now holds other parameters (%s -> %s elements, layout %s -> "
+                      "%s), as after DDP's bucket rebuild: its %s starts again at zero",
+                      bucket_index, kept.numel(), like.numel(),
+                      self.layouts.get(bucket_index), self.layout, what)
             return None
         return kept
 

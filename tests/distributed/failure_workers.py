@@ -86,10 +86,13 @@ def torchrun_entry() -> None:
     """`python failure_workers.py MODE` under torchrun: a hook that raises on rank 1, or rank
     1 dying in the middle of a step; the process must end with status 1, never an abort."""
     mode = sys.argv[1]
+    algorithm = sys.argv[2] if len(sys.argv) > 2 else "hitopk"
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()
     model = DDP(_model())
-    thinwire.ddp.register(model, algorithm="hitopk", density=0.1, dense_below_bytes=0)
+    sparse = thinwire.collectives.get(algorithm).sparse
+    thinwire.ddp.register(model, algorithm=algorithm,
+                          **(dict(density=0.1, dense_below_bytes=0) if sparse else {}))
     if mode == "raise" and rank == 1:
         from thinwire.collectives import costs, registry
 
