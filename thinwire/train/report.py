@@ -143,8 +143,8 @@ def _settings_lines(s: dict) -> list[str]:
                 "on seed " f"{s['seed'] + 1}, same budget and target)" if s["tune"]
                 else " (the workload's, not tuned: run with --tune for a per-method choice)")
              + ". ",
-             f"- `ddp`: no hook (DDP's bucketed all-reduce, fp32); `ddp-fp16`: PyTorch's "
-             f"`fp16_compress_hook`;",
+             "- `ddp`: no hook (DDP's bucketed all-reduce, fp32); `ddp-fp16`: PyTorch's "
+             "`fp16_compress_hook`;",
              f"- `powersgd`: PyTorch's `powerSGD_hook`, rank {s['powersgd_rank']}, "
              f"start_powerSGD_iter={s['powersgd_start_iter']}, warm start on, error feedback on;",
              f"- thinwire's sparse methods (`topk_allgather`, `hitopk`): density {s['density']},"
