@@ -29,6 +29,7 @@ import weakref
 from typing import Optional, Union
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from thinwire.state import SyncState
@@ -81,12 +82,16 @@ def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None
 # A DDP model whose backward raised (a peer died, a NaN) is kept alive by the traceback until the
 # interpreter's final teardown, where destroying its C++ reducer after torch's own state aborts
 # the process ("terminate called without an active exception", ~1 run in 10). At exit, while
-# everything is intact, the reducers of the models registered here are released first.
+# the process group still exists, the reducers of the models registered here are released
+# first. Not after destroy_process_group(): a reducer released then aborts just the same, so
+# such a script keeps PyTorch's own order.
 _MODELS: "weakref.WeakSet[DistributedDataParallel]" = weakref.WeakSet()
 
 
 @atexit.register
 def _release_reducers() -> None:
+    if not dist.is_initialized():
+        return
     for model in list(_MODELS):
         model.__dict__.pop("reducer", None)
     gc.collect()
