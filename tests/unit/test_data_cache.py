@@ -6,6 +6,7 @@ import errno
 import multiprocessing
 import os
 import subprocess
+import time
 import warnings
 
 import pytest
@@ -168,13 +169,19 @@ def _same_entry_writer(directory, key, payload, rounds):
         tier.put(key, payload)
         if round_ % 2:
             tier._discard(tier.path_for(key))  # so that a later round fills it again
+    tier.put(key, payload)  # the entry ends filled, so a late reader still finds it
 
 
-def _reader(directory, key, payload, rounds, out):
+def _reader(directory, key, payload, rounds, out, deadline_s=30.0):
+    """At least ``rounds`` reads, and on until one found the entry: how the processes are
+    scheduled must not decide whether the reader ever saw it (it once read 400 times before
+    either writer had put anything)."""
     tier = DiskTier(directory, 10**7, "lru", CacheStats())
-    seen = torn = 0
-    for _ in range(rounds):
+    seen = torn = reads = 0
+    end = time.monotonic() + deadline_s
+    while (reads < rounds or not seen) and time.monotonic() < end:
         got = tier.get(key)
+        reads += 1
         if got is not None:
             seen += 1
             torn += got != payload
