@@ -134,7 +134,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def register(bench_subparsers) -> None:
-    from thinwire.cluster.cli import _add_spec_options
+    from thinwire.cluster.cli import add_spec_options
 
     p = bench_subparsers.add_parser(
         "pipeline", help="pipelined backprop (pb, SC, LWP) vs SGD, gpipe and 1f1b")
@@ -162,5 +162,5 @@ def register(bench_subparsers) -> None:
                    help="throughput part on the emulated cluster (one stage per node; root)")
     p.add_argument("--png", default="pipeline_timelines.png", help="throughput part: timelines")
     p.add_argument("--json", metavar="PATH")
-    _add_spec_options(p, default_ranks=1)
+    add_spec_options(p, default_ranks=1)
     p.set_defaults(func=_main)

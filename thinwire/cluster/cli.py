@@ -16,7 +16,7 @@ from thinwire.cluster.spec import ClusterSpec
 log = logging.getLogger(__name__)
 
 
-def _add_spec_options(parser: argparse.ArgumentParser, default_ranks: int) -> None:
+def add_spec_options(parser: argparse.ArgumentParser, default_ranks: int) -> None:
     parser.add_argument("--nodes", type=int, default=2, help="number of nodes (default 2)")
     parser.add_argument("--ranks-per-node", type=int, default=default_ranks,
                         help=f"torchrun processes per node (default {default_ranks})")
@@ -146,7 +146,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("run", help="run a torchrun job on an emulated cluster",
                        usage="thinwire cluster run [OPTIONS] -- SCRIPT [ARGS...] | -m MODULE [ARGS]")
-    _add_spec_options(p, default_ranks=1)
+    add_spec_options(p, default_ranks=1)
     p.add_argument("--timeout", type=float, default=3600.0, metavar="SECONDS",
                    help="stop every rank and fail (status 124) after this long; a crashed rank "
                         "stops the run at once (default 3600, 0 = no limit)")
@@ -158,7 +158,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("check", help="measure bandwidth and latency: requested vs measured")
-    _add_spec_options(p, default_ranks=2)
+    add_spec_options(p, default_ranks=2)
     p.add_argument("--seconds", type=float, default=1.0, help="length of each transfer")
     p.add_argument("--no-allreduce", action="store_true", help="skip the gloo all-reduce")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")

@@ -59,7 +59,7 @@ def launch(cfg: config.PipelineConfig, args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from thinwire.cluster.cli import _add_spec_options  # the cluster's own options, kept in step
+    from thinwire.cluster.cli import add_spec_options  # the cluster's own options, kept in step
 
     parser = subparsers.add_parser("pipeline", help="pipeline-parallel training (pb, gpipe, 1f1b)")
     sub = parser.add_subparsers(dest="pipeline_command", metavar="ACTION")
@@ -72,5 +72,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     config.add_arguments(p)
     p.add_argument("--cluster", action="store_true",
                    help="run on the emulated cluster (network namespaces + tc; needs root)")
-    _add_spec_options(p, default_ranks=1)
+    add_spec_options(p, default_ranks=1)
     p.set_defaults(func=_cmd_train, nodes=None)
