@@ -30,6 +30,10 @@ def _entry(rank: int, world_size: int, store_dir: str, fn, args, kwargs):
         result = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
     finally:
         try:
+            # Collect the rank's models (DDP keeps them in reference cycles) while the groups
+            # exist: destroyed after them, in the interpreter's teardown, they can abort.
+            import gc
+            gc.collect()
             dist.destroy_process_group()
         except Exception:
             pass
