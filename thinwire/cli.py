@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 
-from thinwire import __version__
+from thinwire import __version__, cliargs
 
 
 # One module per feature area; each defines `register(subparsers)`.
@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(sub)
+    # One formatter for every command, so each option's --help shows its default.
+    cliargs.apply_help_formatter(parser)
     return parser
 
 

@@ -61,3 +61,45 @@ def device(text: str) -> str:
     if name == "cpu" and not index or name == "cuda" and (not index or index.isdigit()):
         return text
     raise argparse.ArgumentTypeError(f"must be cpu, cuda or cuda:N, got {text!r}")
+
+
+def _describe_default(action: argparse.Action) -> str:
+    """How a default reads in --help: flags as off/on, lists space-separated, None as not set."""
+    value = action.default
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        text = "on" if value else "off"
+    elif value is None:
+        text = "not set"
+    elif isinstance(value, (list, tuple)):
+        text = " ".join(str(v) for v in value)
+    else:
+        text = str(value)
+    return text.replace("%", "%%")  # the help string is %-formatted by argparse
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default (argparse's defaults formatter, with defaults
+    that read as words: 'off' rather than False, 'not set' rather than None). A help text that
+    already states its default is left as it is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or action.required or action.default is argparse.SUPPRESS
+                or "default" in text or isinstance(action, argparse._VersionAction)):
+            return text
+        return f"{text} (default: {_describe_default(action)})".strip()
+
+
+class RawDescriptionHelpFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
+    """HelpFormatter for commands whose description is laid out by hand (examples)."""
+
+
+def apply_help_formatter(parser: argparse.ArgumentParser) -> None:
+    """Give `parser` and every sub-command below it the defaults-showing formatter, keeping a
+    hand-laid-out description where a command asked for one."""
+    raw = issubclass(parser.formatter_class, argparse.RawDescriptionHelpFormatter)
+    parser.formatter_class = RawDescriptionHelpFormatter if raw else HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                apply_help_formatter(sub)

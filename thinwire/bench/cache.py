@@ -219,7 +219,7 @@ def _main(args: argparse.Namespace) -> int:
 def register(bench_subparsers) -> None:
     parser = bench_subparsers.add_parser(
         "cache", help="the data cache: cold/warm epochs against a rate-limited nginx store")
-    parser.add_argument("--records", type=int, default=10_000)
+    parser.add_argument("--records", type=int, default=10_000, help="records in the store")
     parser.add_argument("--record-kb", type=float, default=100.0, help="record size in kB")
     parser.add_argument("--rate", default="100mbit", help="the store's link, e.g. 100mbit")
     parser.add_argument("--memory-fraction", type=float, default=0.5,
@@ -230,6 +230,6 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--depth", type=int, default=64, help="prefetch depth (objects)")
     parser.add_argument("--direct-samples", type=int, default=1000,
                         help="samples timed for the direct-remote baseline")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the access order")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     parser.set_defaults(func=_main)

@@ -195,10 +195,11 @@ def register(bench_subparsers) -> None:
     parser = bench_subparsers.add_parser(
         "cluster-resources", help="node CPU quotas, OOM report delay, link priority classes")
     parser.add_argument("--only", nargs="+", choices=("cpu", "oom", "priority"),
-                        default=["cpu", "oom", "priority"])
-    parser.add_argument("--quotas", type=float, nargs="+", default=[0.25, 0.5, 1.0])
-    parser.add_argument("--rate", default="100mbit")
-    parser.add_argument("--classes", type=int, default=2)
+                        default=["cpu", "oom", "priority"], help="which measurements to run")
+    parser.add_argument("--quotas", type=float, nargs="+", default=[0.25, 0.5, 1.0],
+                        help="CPU quotas to measure, in cores per node")
+    parser.add_argument("--rate", default="100mbit", help="link rate of the priority measurement")
+    parser.add_argument("--classes", type=int, default=2, help="priority classes on the links")
     parser.add_argument("--class-queue", type=int, nargs="+", default=[100, 8],
                         help="packets per class, highest first")
     parser.add_argument("--prio-nodes", type=int, default=3,
@@ -206,8 +207,9 @@ def register(bench_subparsers) -> None:
                              "2: at the sender's own egress")
     parser.add_argument("--low", choices=("udp", "tcp"), default="udp",
                         help="the low-class flow: a UDP flood (saturates) or TCP (backs off)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="repetitions of each measurement (the median is reported)")
     parser.add_argument("--seconds", type=float, default=2.0,
                         help="measuring window of each CPU / priority measurement")
-    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     parser.set_defaults(func=_main)

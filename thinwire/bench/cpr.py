@@ -112,19 +112,27 @@ def register(bench_subparsers) -> None:
     parser = bench_subparsers.add_parser(
         "cpr", help="CPR: full vs partial recovery, CPR-MFU, CPR-SSU under seeded failures")
     parser.add_argument("--dataset", default="movielens",
-                        choices=["movielens", "adult", "synthetic"])
-    parser.add_argument("--model", default="deepfm", choices=["lr", "fm", "wide_deep", "deepfm"])
+                        choices=["movielens", "adult", "synthetic"], help="data set to train on")
+    parser.add_argument("--model", default="deepfm", choices=["lr", "fm", "wide_deep", "deepfm"],
+                        help="recommender model")
     parser.add_argument("--methods", nargs="+", default=["full", "partial", "mfu", "ssu"],
-                        choices=["full", "partial", "mfu", "ssu"])
-    parser.add_argument("--epochs", type=integer(1), default=2)
+                        choices=["full", "partial", "mfu", "ssu"],
+                        help="recovery methods to compare")
+    parser.add_argument("--epochs", type=integer(1), default=2, help="training epochs per run")
     parser.add_argument("--batch", type=integer(1), default=256, help="global batch size")
     parser.add_argument("--n-emb", type=integer(1), default=8, help="embedding shards")
     parser.add_argument("--mtbfs", type=number(0, 1e4, low_open=True), default=8.0,
                         help="failure-free run length in MTBFs (scales the time model)")
-    parser.add_argument("--pls-target", type=number(0, 1, low_open=True), default=0.02)
-    parser.add_argument("--mfu-fraction", type=number(0, 1, low_open=True), default=0.2)
-    parser.add_argument("--ssu-rate", type=number(0, 1, low_open=True), default=0.1)
-    parser.add_argument("--sub-saves", type=integer(1), default=2)
-    parser.add_argument("--seeds", type=integer(0), nargs="+", default=[0, 1, 2])
-    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--pls-target", type=number(0, 1, low_open=True), default=0.02,
+                        help="CPR's target portion of lost samples (sets the partial-recovery "
+                             "checkpoint interval)")
+    parser.add_argument("--mfu-fraction", type=number(0, 1, low_open=True), default=0.2,
+                        help="CPR-MFU: share of most-used rows saved between checkpoints")
+    parser.add_argument("--ssu-rate", type=number(0, 1, low_open=True), default=0.1,
+                        help="CPR-SSU: share of rows sampled for saving between checkpoints")
+    parser.add_argument("--sub-saves", type=integer(1), default=2,
+                        help="MFU/SSU saves between two full checkpoints")
+    parser.add_argument("--seeds", type=integer(0), nargs="+", default=[0, 1, 2],
+                        help="seeds of the failure schedules (one run each)")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     parser.set_defaults(func=_main)

@@ -130,22 +130,28 @@ def register(bench_subparsers) -> None:
 
     parser = bench_subparsers.add_parser(
         "des", help="DES vs parameter server vs TorchRec-style sharding (recommender models)")
-    parser.add_argument("--nodes", type=integer(1, 64), default=2)
-    parser.add_argument("--ranks-per-node", type=integer(1, 64), default=2)
-    parser.add_argument("--inter-node-bandwidth", default="1gbit")
-    parser.add_argument("--no-shaping", action="store_true")
+    parser.add_argument("--nodes", type=integer(1, 64), default=2, help="emulated nodes")
+    parser.add_argument("--ranks-per-node", type=integer(1, 64), default=2,
+                        help="ranks (processes) per node")
+    parser.add_argument("--inter-node-bandwidth", default="1gbit",
+                        help="rate of each node's link: 100mbit, 1gbit")
+    parser.add_argument("--no-shaping", action="store_true",
+                        help="loopback only (no root needed): the logical topology, no slow links")
     parser.add_argument("--datasets", nargs="+", default=["movielens", "synthetic"],
-                        choices=["movielens", "adult", "synthetic"])
-    parser.add_argument("--models", nargs="+", default=["lr", "fm", "wide_deep", "deepfm"])
+                        choices=["movielens", "adult", "synthetic"], help="data sets to train on")
+    parser.add_argument("--models", nargs="+", default=["lr", "fm", "wide_deep", "deepfm"],
+                        help="recommender models: lr, fm, wide_deep, deepfm")
     parser.add_argument("--methods", nargs="+",
-                        default=["des", "ps", "torchrec_tw", "torchrec_rw"])
-    parser.add_argument("--epochs", type=integer(1), default=1)
+                        default=["des", "ps", "torchrec_tw", "torchrec_rw"],
+                        help="embedding placements: des, ps, torchrec_tw, torchrec_rw")
+    parser.add_argument("--epochs", type=integer(1), default=1,
+                        help="training epochs per (model, method)")
     parser.add_argument("--batch", type=integer(1), default=1024, help="global batch size")
-    parser.add_argument("--k", type=integer(1), default=8)
+    parser.add_argument("--k", type=integer(1), default=8, help="embedding size")
     recsys_train.add_synthetic_arguments(parser, samples=40_000)
     parser.add_argument("--max-steps", type=integer(0), default=30,
                         help="steps per (model, method) on the synthetic set (0: whole epochs)")
     parser.add_argument("--repeats", type=integer(1), default=1,
                         help="launches per data set; samples/s is their median")
-    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     parser.set_defaults(func=_main)

@@ -126,26 +126,34 @@ def _main(args: argparse.Namespace) -> int:
 def register(bench_subparsers) -> None:
     parser = bench_subparsers.add_parser(
         "diloco", help="DiLoCo vs per-step DDP and hitopk on the emulated cluster (and torchft)")
-    parser.add_argument("--nodes", type=int, default=2)
-    parser.add_argument("--ranks-per-node", type=int, default=2)
-    parser.add_argument("--inter-node-bandwidth", default="100mbit")
+    parser.add_argument("--nodes", type=int, default=2, help="emulated nodes")
+    parser.add_argument("--ranks-per-node", type=int, default=2, help="ranks (processes) per node")
+    parser.add_argument("--inter-node-bandwidth", default="100mbit",
+                        help="rate of each node's link: 100mbit, 1gbit")
     parser.add_argument("--no-shaping", action="store_true",
                         help="loopback only (no root needed): the logical topology, no slow links")
-    parser.add_argument("--model", default="transformer")
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--density", type=float, default=0.01)
-    parser.add_argument("--sync-every", type=int, nargs="+", default=[20])
+    parser.add_argument("--model", default="transformer",
+                        help="model trained by every configuration")
+    parser.add_argument("--steps", type=int, default=120, help="inner steps per configuration")
+    parser.add_argument("--batch", type=int, default=16, help="blocks per rank per step")
+    parser.add_argument("--lr", type=float, default=3e-3, help="inner AdamW learning rate")
+    parser.add_argument("--density", type=float, default=0.01,
+                        help="share of entries sent by hitopk (per step, and on the outer step)")
+    parser.add_argument("--sync-every", type=int, nargs="+", default=[20],
+                        help="DiLoCo's inner steps between outer steps (H); several for a sweep")
     parser.add_argument("--outer-density", type=float, default=None,
                         help="density of the hitopk outer step (default: --density)")
     parser.add_argument("--configs", nargs="+", default=None,
                         help="explicit list: ddp, hitopk, diloco-H, diloco-hitopk-H")
-    parser.add_argument("--eval-every", type=int, default=20)
-    parser.add_argument("--target-bits", type=float, default=None)
+    parser.add_argument("--eval-every", type=int, default=20,
+                        help="steps between held-out evaluations")
+    parser.add_argument("--target-bits", type=float, default=None,
+                        help="bits per byte for time to target (not set: per-step hitopk's final value)")
     parser.add_argument("--torchft", action="store_true",
                         help="also time thinwire's dense DiLoCo against torchft per outer step")
-    parser.add_argument("--torchft-only", action="store_true")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--torchft-only", action="store_true",
+                        help="only the thinwire-against-torchft timing")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="torchft timing: repetitions (the median is reported)")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     parser.set_defaults(func=_main)

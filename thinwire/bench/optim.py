@@ -179,11 +179,13 @@ def register(bench_subparsers: argparse._SubParsersAction) -> None:
     parser = bench_subparsers.add_parser(
         "optim", help="fused LARS vs per-tensor LARS vs SGD-foreach step time")
     parser.add_argument("--json", metavar="PATH", help="write the rows as JSON to PATH")
-    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES),
+                        help="parameter layouts to time")
     parser.add_argument("--repeats", type=integer(1), default=7,
                         help="timed steps per method (>= 5)")
     parser.add_argument("--device", type=device, default="cpu", help="cpu or cuda")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the random parameters and gradients")
     parser.add_argument("--threads", type=integer(1), default=None,
                         help="CPU threads for torch (default: torch's choice); 1 gives steadier "
                              "figures on a shared machine")

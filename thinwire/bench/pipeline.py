@@ -138,16 +138,19 @@ def register(bench_subparsers) -> None:
 
     p = bench_subparsers.add_parser(
         "pipeline", help="pipelined backprop (pb, SC, LWP) vs SGD, gpipe and 1f1b")
-    p.add_argument("--part", default="all", choices=["accuracy", "throughput", "all"])
-    p.add_argument("--dataset", default="mnist5k", choices=["mnist5k", "digits"])
+    p.add_argument("--part", default="all", choices=["accuracy", "throughput", "all"],
+                   help="accuracy (pb against SGD), throughput (against gpipe and 1f1b) or both")
+    p.add_argument("--dataset", default="mnist5k", choices=["mnist5k", "digits"],
+                   help="data set of the accuracy part")
     p.add_argument("--hidden", default="256,128,64", help="MLP hidden widths (len+1 layers)")
-    p.add_argument("--stages", type=int, default=4)
+    p.add_argument("--stages", type=int, default=4, help="pipeline stages")
     p.add_argument("--cuts", default=None, help="throughput part: layer indices (default balanced)")
     p.add_argument("--epochs", type=int, default=3, help="accuracy part")
     p.add_argument("--batch", type=int, default=32, help="SGD batch the hyper-parameters are for")
     p.add_argument("--lr", type=float, default=0.02, help="SGD learning rate at --batch")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum at --batch")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
+                   help="accuracy part: seeds (one run each)")
     p.add_argument("--variants", nargs="+", default=["sc+lwp", "none", "sc", "lwp"],
                    choices=["sc+lwp", "sc+lwp-w", "none", "sc", "lwp", "lwp-w"],
                    help="accuracy part: pb repairs (lwp-w: the weight-difference form of LWP)")
@@ -161,6 +164,6 @@ def register(bench_subparsers) -> None:
     p.add_argument("--cluster", action="store_true",
                    help="throughput part on the emulated cluster (one stage per node; root)")
     p.add_argument("--png", default="pipeline_timelines.png", help="throughput part: timelines")
-    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     add_spec_options(p, default_ranks=1)
     p.set_defaults(func=_main)

@@ -73,19 +73,24 @@ def _main(args: argparse.Namespace) -> int:
 def register(bench_subparsers) -> None:
     parser = bench_subparsers.add_parser(
         "sync", help="one gradient synchronisation per algorithm on the emulated cluster")
-    parser.add_argument("--nodes", type=int, default=2)
-    parser.add_argument("--ranks-per-node", type=int, default=2)
-    parser.add_argument("--inter-node-bandwidth", default="1gbit")
-    parser.add_argument("--intra-node-bandwidth", default=None)
+    parser.add_argument("--nodes", type=int, default=2, help="emulated nodes")
+    parser.add_argument("--ranks-per-node", type=int, default=2, help="ranks (processes) per node")
+    parser.add_argument("--inter-node-bandwidth", default="1gbit",
+                        help="rate of each node's link: 100mbit, 1gbit")
+    parser.add_argument("--intra-node-bandwidth", default=None,
+                        help="rate between ranks of one node (its loopback); not set: unshaped")
     parser.add_argument("--no-shaping", action="store_true",
                         help="loopback only (no root needed): the logical topology, no slow links")
     parser.add_argument("--size", type=int, default=25_600_000, help="gradient elements")
-    parser.add_argument("--bucket-mb", type=float, default=25.0)
-    parser.add_argument("--density", type=float, default=0.01)
-    parser.add_argument("--selector", default="mstopk")
+    parser.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket size in MiB")
+    parser.add_argument("--density", type=float, default=0.01,
+                        help="sparse algorithms: share of entries sent")
+    parser.add_argument("--selector", default="mstopk",
+                        help="top-k selection method: mstopk, exact, sampled")
     parser.add_argument("--algorithms", nargs="+", choices=list(collectives.names()),
-                        default=list(collectives.names()))
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", metavar="PATH")
+                        default=list(collectives.names()), help="algorithms to time")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="timed synchronisations per algorithm (the median is reported)")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     add_resource_options(parser)
     parser.set_defaults(func=_main)

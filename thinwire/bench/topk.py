@@ -100,10 +100,14 @@ def _density(text: str) -> float:
 
 def register(bench_subparsers) -> None:
     parser = bench_subparsers.add_parser("topk", help="top-k selection: time and captured mass")
-    parser.add_argument("--sizes", type=_positive_int, nargs="+", default=list(DEFAULT_SIZES))
-    parser.add_argument("--densities", type=_density, nargs="+", default=list(DEFAULT_DENSITIES))
-    parser.add_argument("--methods", nargs="+", choices=topk.METHODS, default=list(topk.METHODS))
-    parser.add_argument("--repeats", type=_positive_int, default=5)
+    parser.add_argument("--sizes", type=_positive_int, nargs="+", default=list(DEFAULT_SIZES),
+                        help="vector lengths to select from")
+    parser.add_argument("--densities", type=_density, nargs="+", default=list(DEFAULT_DENSITIES),
+                        help="shares of entries to select")
+    parser.add_argument("--methods", nargs="+", choices=topk.METHODS, default=list(topk.METHODS),
+                        help="selection methods to time")
+    parser.add_argument("--repeats", type=_positive_int, default=5,
+                        help="timed selections per case (the median is reported)")
     parser.add_argument("--device", type=cliargs.device, default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--json", metavar="PATH", help="write the rows as JSON here")
     parser.set_defaults(func=_main)

@@ -166,7 +166,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("plot", help="plot a run's --stats-json: CPU, memory, link rates per node")
     p.add_argument("stats", metavar="STATS_JSON")
-    p.add_argument("--out", default="nodes.png", metavar="PNG")
+    p.add_argument("--out", default="nodes.png", metavar="PNG", help="where to write the plot")
     p.set_defaults(func=_cmd_plot)
 
     p = sub.add_parser("cleanup", help="remove what dead runs left behind (live runs untouched)")

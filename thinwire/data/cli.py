@@ -73,10 +73,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     warm.add_argument("--disk-dir", required=True, help="the node's L2 cache directory")
     warm.add_argument("--disk-bytes", required=True, type=parse_bytes,
                       help="L2 budget, e.g. 200G")
-    warm.add_argument("--policy", choices=("static", "lru"), default="static")
+    warm.add_argument("--policy", choices=("static", "lru"), default="static",
+                      help="which records the cache keeps: static (the first that fit) or lru")
     warm.add_argument("--threads", type=integer(1, 1024), default=8,
                       help="concurrent remote reads")
-    warm.add_argument("--retries", type=integer(0, 100), default=4)
+    warm.add_argument("--retries", type=integer(0, 100), default=4,
+                      help="retries of a failed remote read (with back-off)")
     warm.add_argument("--timeout", type=number(0, 86400, low_open=True), default=30.0,
                       help="seconds per remote request")
     warm.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -134,17 +134,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batch", type=int, default=d.micro_batch, help="m, samples per slot")
     p.add_argument("--group", type=int, default=d.group,
                    help="M, micro-batches per update for gpipe and 1f1b")
-    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--epochs", type=int, default=d.epochs, help="training epochs")
     p.add_argument("--train-samples", type=int, default=0, help="first N samples (0 = all)")
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--momentum", type=float, default=d.momentum)
+    p.add_argument("--lr", type=float, default=d.lr, help="SGD learning rate")
+    p.add_argument("--momentum", type=float, default=d.momentum, help="SGD momentum")
     p.add_argument("--sc", action=argparse.BooleanOptionalAction, default=True,
                    help="spike compensation (pb only; default on)")
     p.add_argument("--lwp", action=argparse.BooleanOptionalAction, default=True,
                    help="linear weight prediction (pb only; default on)")
     p.add_argument("--lwp-form", default=d.lwp_form,
                    help="velocity (w - lr D v, default) or weights (w + D (w_t - w_(t-1)))")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed,
+                   help="seed of the initial weights and the data order")
     p.add_argument("--dtype", default=d.dtype, help="float32 or float64")
     p.add_argument("--out", default=None, metavar="DIR", help="results.json and timeline.png")
     p.add_argument("--timeout", type=float, default=d.timeout_s, metavar="SECONDS",

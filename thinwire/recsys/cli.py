@@ -70,11 +70,14 @@ def register(subparsers) -> None:
     sub.required = True
     train = sub.add_parser("train", help="train on the emulated cluster (or one process)")
     add_arguments(train)
-    train.add_argument("--nodes", type=integer(1, 64), default=2)
-    train.add_argument("--ranks-per-node", type=integer(1, 64), default=2)
-    train.add_argument("--inter-node-bandwidth", default="1gbit")
-    train.add_argument("--no-shaping", action="store_true")
+    train.add_argument("--nodes", type=integer(1, 64), default=2, help="emulated nodes")
+    train.add_argument("--ranks-per-node", type=integer(1, 64), default=2,
+                       help="ranks (processes) per node")
+    train.add_argument("--inter-node-bandwidth", default="1gbit",
+                       help="rate of each node's link: 100mbit, 1gbit")
+    train.add_argument("--no-shaping", action="store_true",
+                       help="loopback only (no root needed): the logical topology, no slow links")
     train.add_argument("--single-process", action="store_true",
                        help="the unsharded reference model in this process")
-    train.add_argument("--json", metavar="PATH")
+    train.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     train.set_defaults(func=_main)

@@ -122,20 +122,24 @@ def train_single(model_name: str, train: Dataset, test: Dataset, args) -> dict:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", default="movielens",
-                        choices=sorted(DATASETS) + ["synthetic"])
+                        choices=sorted(DATASETS) + ["synthetic"], help="data set to train on")
     parser.add_argument("--models", nargs="+", default=["fm"],
-                        choices=["lr", "fm", "wide_deep", "deepfm"])
+                        choices=["lr", "fm", "wide_deep", "deepfm"], help="recommender models")
     parser.add_argument("--methods", nargs="+", default=["des"],
-                        choices=["des", "ps", "torchrec_tw", "torchrec_rw"])
-    parser.add_argument("--epochs", type=integer(1), default=1)
+                        choices=["des", "ps", "torchrec_tw", "torchrec_rw"],
+                        help="embedding placements")
+    parser.add_argument("--epochs", type=integer(1), default=1, help="training epochs")
     parser.add_argument("--max-steps", type=integer(0), default=0, help="0: whole epochs")
     parser.add_argument("--batch", type=integer(1), default=1024, help="global batch size")
     parser.add_argument("--k", type=integer(1), default=8, help="embedding size")
     parser.add_argument("--hidden", type=integer(1), nargs="*", default=[64, 32],
                         help="MLP layer widths (each >= 1; none: no hidden layer)")
-    parser.add_argument("--optimizer", default="adagrad", choices=["sgd", "adagrad"])
-    parser.add_argument("--lr", type=number(0, 1e3, low_open=True), default=0.05)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--optimizer", default="adagrad", choices=["sgd", "adagrad"],
+                        help="optimizer of the embeddings and the dense part")
+    parser.add_argument("--lr", type=number(0, 1e3, low_open=True), default=0.05,
+                        help="learning rate")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the initial weights and the data order")
     add_synthetic_arguments(parser)
 
 

@@ -1,4 +1,4 @@
-"""`thinwire simulate`: predicted iteration time and scaling, or calibration on measured runs.
+r"""`thinwire simulate`: predicted iteration time and scaling, or calibration on measured runs.
 
     thinwire simulate --nodes 16 --gpus-per-node 8 --network cloud-25g --model resnet50 \
         --algorithm hier_allreduce --algorithm hitopk --json results/sim.json
@@ -29,9 +29,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "simulate", help="cost model: predicted iteration time and scaling (or --calibrate)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nodes", type=integer(1, MAX_NODES), default=16)
+    p.add_argument("--nodes", type=integer(1, MAX_NODES), default=16,
+                   help="nodes of the simulated cluster")
     p.add_argument("--gpus-per-node", "--ranks-per-node", dest="gpus_per_node",
-                   type=integer(1, MAX_GPUS_PER_NODE), default=8)
+                   type=integer(1, MAX_GPUS_PER_NODE), default=8, help="GPUs (ranks) per node")
     p.add_argument("--network", default="cloud-25g", help=f"one of {', '.join(NETWORKS)}")
     p.add_argument("--inter-gbps", type=number(0, 1e5, low_open=True), default=None,
                    help="override the preset's inter-node goodput (Gbit/s)")
@@ -45,10 +46,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="per GPU (default: per model)")
     p.add_argument("--algorithm", action="append", default=None,
                    help=f"one of {', '.join(algorithm_names())}; repeat for several (default: all)")
-    p.add_argument("--density", type=number(0, 1, low_open=True), default=0.01)
+    p.add_argument("--density", type=number(0, 1, low_open=True), default=0.01,
+                   help="sparse algorithms: share of entries sent")
     p.add_argument("--wire", default="none", help="dense wire dtype: none, fp16, bf16")
     p.add_argument("--bucket-mb", type=number(0, 10240, low_open=True),
-                   default=DEFAULT_BUCKET_BYTES / 2**20)
+                   default=DEFAULT_BUCKET_BYTES / 2**20, help="gradient bucket size in MiB")
     p.add_argument("--no-overlap", action="store_true", help="communication after backward")
     p.add_argument("--scaling-nodes", type=_scaling_nodes,
                    default=",".join(map(str, SCALING_NODES)),
@@ -60,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--plot", default=None,
                    help="PNG path (default: beside --json, else results/simulate.png)")
-    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--no-plot", action="store_true", help="write no PNG")
     p.set_defaults(func=main)
 
 

@@ -186,29 +186,31 @@ def add_arguments(parser: argparse.ArgumentParser, exclude: tuple = ()) -> None:
     a("--optimizer", default=d.optimizer, help="sgd (momentum) or lars")
     a("--lr", type=float, default=None,
       help="peak learning rate (default: the model's for sgd, 2.0 for lars)")
-    a("--momentum", type=float, default=d.momentum)
+    a("--momentum", type=float, default=d.momentum, help="SGD momentum")
     a("--dense-warmup-steps", type=int, default=d.dense_warmup_steps,
       help="sparse algorithms: all-reduce the first N steps densely (residuals start later)")
     a("--momentum-correction", action="store_true",
       help="sparse algorithms: DGC momentum correction (the momentum is applied before top-k, "
            "in the hook, and the optimizer runs without it)")
-    a("--weight-decay", type=float, default=d.weight_decay)
+    a("--weight-decay", type=float, default=d.weight_decay, help="L2 weight decay")
     a("--warmup-steps", type=int, default=None, help="linear warm-up (default 5%% of the run)")
-    a("--epochs", type=int, default=d.epochs)
+    a("--epochs", type=int, default=d.epochs, help="training epochs")
     a("--max-iters", type=int, default=d.max_iters, help="cap on steps (0 = all epochs)")
     a("--stop-after", type=int, default=d.stop_after,
       help="stop after N steps of this process and checkpoint (to resume later)")
     a("--batch-size", type=int, default=d.batch_size, help="samples per rank per step")
     a("--amp", default=d.amp, help="none, bf16 (CPU or CUDA) or fp16 (CUDA, with GradScaler)")
     a("--device", default=d.device, help="auto, cpu or cuda")
-    a("--seed", type=int, default=d.seed)
+    a("--seed", type=int, default=d.seed, help="seed of the initial weights and the data order")
     a("--checkpoint", default=None, metavar="DIR", help="write checkpoints here (one file a rank)")
-    a("--checkpoint-every", type=int, default=0, metavar="STEPS")
+    a("--checkpoint-every", type=int, default=0, metavar="STEPS",
+      help="steps between checkpoints (0 = only at the end of the run)")
     a("--resume", default=None, metavar="DIR", help="continue from this checkpoint")
     a("--metrics", default=None, metavar="PATH", help="JSONL metrics (rank 0)")
     a("--summary", default=None, metavar="PATH", help="JSON summary at the end (rank 0)")
     a("--eval-every", type=int, default=0, metavar="STEPS", help="0 = at each epoch's end")
-    a("--log-every", type=int, default=d.log_every, metavar="STEPS")
+    a("--log-every", type=int, default=d.log_every, metavar="STEPS",
+      help="steps between progress log lines")
     a("--target-accuracy", type=float, default=None, help="report the time to reach it")
     a("--target-bits-per-byte", type=float, default=None,
       help="language models: report the time to reach this held-out bits per byte")
@@ -226,7 +228,8 @@ def add_arguments(parser: argparse.ArgumentParser, exclude: tuple = ()) -> None:
     a("--outer-algorithm", default=d.outer_algorithm,
       help="--algorithm diloco: how the pseudo-gradient travels between nodes (hitopk: "
            "compressed with --density)")
-    a("--outer-lr", type=float, default=d.outer_lr)
+    a("--outer-lr", type=float, default=d.outer_lr,
+      help="--algorithm diloco: outer SGD learning rate")
     a("--outer-momentum", type=float, default=d.outer_momentum, help="Nesterov")
     a("--fragments", type=int, default=d.fragments, help="Streaming DiLoCo fragments")
     a("--overlap", action="store_true",
