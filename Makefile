@@ -5,12 +5,22 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+# TORCH=cpu installs PyTorch's CPU build from PyTorch's own index first: on a machine without
+# a local CPU wheel, `torch==2.13.0` from PyPI is the multi-GB CUDA build (Linux x86_64).
+TORCH ?= default
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+ifeq ($(filter $(TORCH),default cpu),)
+$(error TORCH must be 'default' or 'cpu', got '$(TORCH)')
+endif
 
 .PHONY: demo test install system-tools clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	@if [ "$(TORCH)" = cpu ]; then \
+	  echo "installing torch==2.13.0 (CPU build) from $(TORCH_CPU_INDEX)"; \
+	  $(BIN)/pip install -q 'torch==2.13.0' --index-url $(TORCH_CPU_INDEX); fi
 	$(BIN)/pip install -q -e '.[dev]'
 	# The peers thinwire is compared against (torchft's DiLoCo); optional: tests skip without.
 	$(BIN)/pip install -q -e '.[peers]' || echo "note: torchft (extra 'peers') did not install; its comparison tests will skip"
