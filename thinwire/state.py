@@ -186,8 +186,12 @@ class SyncState:
         self._current["bytes_inter"] += traffic.inter
 
     @contextmanager
-    def timer(self, what: str):
-        """Adds the wall time of the block to ``what`` ("select", "intra" or "inter")."""
+    def timer(self, what: str, members: int | None = None):
+        """Adds the wall time of the block to ``what`` ("select", "intra" or "inter").
+
+        ``members``: how many ranks the timed collective spans. With one, no byte crosses the
+        link the label names (the collective is a local copy), so its time is not filed there:
+        a phase's time and its bytes always sit under the same label."""
         device_sync = torch.cuda.synchronize if torch.cuda.is_initialized() else None
         if device_sync:
             device_sync()
@@ -201,7 +205,8 @@ class SyncState:
         finally:
             if device_sync:
                 device_sync()
-            self._current[f"{what}_s"] += time.perf_counter() - start
+            if members != 1:
+                self._current[f"{what}_s"] += time.perf_counter() - start
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -268,3 +268,25 @@ def test_synchronize_equals_the_ddp_hook_for_the_same_settings(settings):
     for result in run_ranks(workers.synchronize_equals_hook, 4, 2, settings):
         for hook, sync in zip(result["hook"], result["synchronize"]):
             torch.testing.assert_close(hook, sync, rtol=0, atol=1e-12)
+
+
+@pytest.fixture(scope="module", params=[(1, 2), (2, 1)], ids=["1x2", "2x1"])
+def flat_runs(request):
+    """Every algorithm where all traffic is of one kind: one node (intra only), or one rank a
+    node (inter only)."""
+    nodes, n = request.param
+    configs = [(a, a, DENSITY, None, 0.0, OPTIONS.get(a)) for a in ALGORITHMS]
+    return nodes, n, run_ranks(workers.sync_many, nodes * n, n, configs, LENGTHS, STEPS)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_time_is_filed_under_the_link_its_bytes_cross(flat_runs, algorithm):
+    """state.last_step puts a phase's time and its bytes under the same label: on one node
+    everything is intra-node, with one rank a node everything is inter-node (a time under the
+    other label, with no bytes there, misleads every per-phase profile built on it)."""
+    nodes, _, runs = flat_runs
+    used, unused = ("intra", "inter") if nodes == 1 else ("inter", "intra")
+    for rank, by_name in enumerate(runs):
+        step = by_name[algorithm]["last_step"]
+        assert step[f"bytes_{used}"] > 0 and step[f"{used}_s"] > 0, (rank, step)
+        assert step[f"bytes_{unused}"] == 0 and step[f"{unused}_s"] == 0, (rank, step)

@@ -17,11 +17,11 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     n = topo.ranks_per_node
     full = padded(to_wire(flat / topo.world_size, state.wire_dtype), n)
     shard = torch.empty(full.numel() // n, dtype=full.dtype, device=full.device)
-    with state.timer("intra"):
+    with state.timer("intra", members=n):
         reduce_scatter(shard, full, topo.intra, n)
-    with state.timer("inter"):
+    with state.timer("inter", members=topo.nodes):
         dist.all_reduce(shard, group=topo.inter)
-    with state.timer("intra"):
+    with state.timer("intra", members=n):
         dist.all_gather_single(full, shard, group=topo.intra)
     size = full.element_size()
     state.record(traffic.intra_reduce_scatter(topo, full.numel(), size))

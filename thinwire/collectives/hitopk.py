@@ -28,7 +28,7 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     n = topo.ranks_per_node
     full = padded(to_wire(flat, state.wire_dtype), n)
     shard = torch.empty(full.numel() // n, dtype=full.dtype, device=full.device)
-    with state.timer("intra"):
+    with state.timer("intra", members=n):
         reduce_scatter(shard, full, topo.intra, n)
     own = shard.to(flat.dtype)
     if state.feedback.momentum:  # after a dense warm-up: the whole-bucket velocity of the
@@ -39,7 +39,7 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     corrected = state.feedback.add_residual(bucket_index, own)
     dense, block_bytes = sparse_allgather(state, bucket_index, corrected, topo.inter, topo.nodes)
     dense.div_(topo.world_size)
-    with state.timer("intra"):
+    with state.timer("intra", members=n):
         dist.all_gather_single(full, to_wire(dense, state.wire_dtype), group=topo.intra)
     size = full.element_size()
     state.record(traffic.intra_reduce_scatter(topo, full.numel(), size))

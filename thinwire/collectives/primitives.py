@@ -73,7 +73,7 @@ def sparse_allgather(state, bucket_index: int, corrected: torch.Tensor, group, g
     state.feedback.keep(bucket_index, corrected, indices)
     gathered = torch.empty(group_size * payload.numel(), dtype=torch.uint8,
                            device=payload.device)
-    with state.timer(phase):
+    with state.timer(phase, members=group_size):
         dist.all_gather_single(gathered, payload, group=group)
     k = values.numel()
     parts = [unpack(chunk, k, values.dtype, numel) for chunk in gathered.chunk(group_size)]
