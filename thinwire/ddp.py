@@ -79,17 +79,20 @@ def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None
     return state
 
 
-# A DDP model whose backward raised (a peer died, a NaN) is kept alive by the traceback until the
-# interpreter's final teardown, where destroying its C++ reducer after torch's own state aborts
-# the process ("terminate called without an active exception", ~1 run in 10). At exit, while
-# the process group still exists, the reducers of the models registered here are released
-# first. Not after destroy_process_group(): a reducer released then aborts just the same, so
-# such a script keeps PyTorch's own order.
+# A registered DDP model's C++ reducer holds the Python hook and its state. Destroyed during
+# the interpreter's final teardown, it takes the GIL to drop them and aborts the process
+# ("terminate called without an active exception"). Two ways a model lives that long: it is
+# garbage in a reference cycle (DDP's own hooks hold the module, so a model local to a function
+# that returned is freed only by the cycle collector), or a traceback keeps it (its backward
+# raised: a peer died, a NaN). At exit, while the interpreter is intact, the collector frees the
+# first kind; while the process group still exists, the reducers of live models are released
+# too (after destroy_process_group(), a live model's reducer is left to PyTorch's own order).
 _MODELS: "weakref.WeakSet[DistributedDataParallel]" = weakref.WeakSet()
 
 
 @atexit.register
 def _release_reducers() -> None:
+    gc.collect()
     if not dist.is_initialized():
         return
     for model in list(_MODELS):
