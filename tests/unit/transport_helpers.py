@@ -61,3 +61,51 @@ class SeededLoss:
             return random.Random(key).random() < self.data_rate
         with self.lock:
             return self.random.random() < self.control_rate
+
+
+class Meddler:
+    """Stands in for a transport's socket: before each DATA datagram it sends a corrupted copy
+    (one body bit flipped, checksum kept), a copy claiming another step and another claiming
+    another bucket (re-checksummed: well-formed but not this exchange's), and it sends every
+    datagram twice and holds every third back until after the next two (reordering)."""
+
+    def __init__(self, sock):
+        from thinwire.transport import wire
+        self.wire, self.sock, self.held, self.count = wire, sock, [], 0
+        self.lock = threading.Lock()
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
+
+    def _variants(self, datagram: bytes) -> list[bytes]:
+        wire = self.wire
+        header, body = wire.decode(datagram)
+        if header.kind != wire.DATA:
+            return [datagram]
+        flipped = bytearray(datagram)
+        flipped[-1] ^= 0x01
+        other_step = wire.encode(wire.Header(**{**header.__dict__, "step": header.step + 1}),
+                                 body)
+        other_bucket = wire.encode(wire.Header(**{**header.__dict__,
+                                                  "bucket": header.bucket + 1}), body)
+        return [bytes(flipped), other_step, other_bucket, datagram, datagram]
+
+    def _out(self, datagrams, send) -> None:
+        with self.lock:  # the transport sends from its main and its receiver thread
+            self.count += 1
+            if self.count % 3 == 0:
+                self.held.extend((d, send) for d in datagrams)  # each to its own address
+                return
+            for d in datagrams:
+                send(d)
+            if self.count % 3 == 2:
+                for d, its_send in self.held:
+                    its_send(d)
+                self.held = []
+
+    def sendto(self, datagram, address):
+        self._out(self._variants(datagram), lambda d: self.sock.sendto(d, address))
+
+    def sendmsg(self, buffers, ancillary, flags, address):
+        self._out(self._variants(b"".join(buffers)),
+                  lambda d: self.sock.sendmsg([d], ancillary, flags, address))

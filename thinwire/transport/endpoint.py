@@ -186,10 +186,12 @@ class Transport:
         self._current = number
         rnd = self._rounds.setdefault(number, Round(number, tuple(self.peers)))
         rnd.step, rnd.bucket, rnd.layout = step, bucket, layout
+        now = time.perf_counter()
         for sender, incoming in rnd.incoming.items():
             raw, incoming.raw = incoming.raw, {}
-            for header, body in raw.values():
-                self._on_data(rnd, sender, header, body, time.perf_counter())
+            for header, body in raw.values():  # all filed before any completion is decided
+                self._on_data(rnd, sender, header, body, now, decide=False)
+            self._maybe_final(rnd, sender, incoming, now)
         return rnd
 
     def _finish(self, rnd: Round, cut, datagrams: list, classes: list) -> None:
@@ -273,22 +275,25 @@ class Transport:
                 rnd.layout.total
         else:
             total = max((h.total for h, _ in incoming.raw.values()), default=0)
-            seqs = incoming.raw
+            seqs = {seq for _, _, seq in incoming.raw}
         flags = wire.FINAL if incoming.final is not None else 0
         self._control(rnd, wire.ACK, sender, wire.bitmap(seqs, total), flags, total)
 
     def _on_data(self, rnd: Round, sender: int, header: wire.Header, body: bytes,
-                 now: float) -> None:
+                 now: float, decide: bool = True) -> None:
         incoming = rnd.incoming[sender]
         if incoming.first is None:
             incoming.first = now
         if not rnd.registered:
-            if header.seq >= min(header.total, wire.MAX_DATAGRAMS):
+            # keyed by the claimed exchange too: a datagram claiming another step must not
+            # take the place of the real one before the layout can tell them apart
+            key = (header.step, header.bucket, header.seq)
+            if header.seq >= header.total or len(incoming.raw) >= wire.MAX_DATAGRAMS:
                 self.counters.bad += 1
-            elif header.seq in incoming.raw:
+            elif key in incoming.raw:
                 self.counters.duplicates += 1
             else:
-                incoming.raw[header.seq] = (header, body)
+                incoming.raw[key] = (header, body)
             return
         if header.step != rnd.step or header.bucket != rnd.bucket:
             self.counters.bad += 1
@@ -304,7 +309,8 @@ class Transport:
         else:
             incoming.data[header.seq] = body
             incoming.high += header.high
-            self._maybe_final(rnd, sender, incoming, now)
+            if decide:
+                self._maybe_final(rnd, sender, incoming, now)
 
     def _handle(self, sender: int, header: wire.Header, body: bytes) -> None:
         number, now = header.round, time.perf_counter()
@@ -323,7 +329,10 @@ class Transport:
                 return
             rnd = self._rounds[number] = Round(number, tuple(self.peers))
         if rnd.registered and (header.step != rnd.step or header.bucket != rnd.bucket):
-            self.counters.bad += 1
+            if header.kind == wire.ACK:  # an answer sent before that rank knew the exchange
+                self.counters.stale += 1
+            else:
+                self.counters.bad += 1
             return
         if header.kind == wire.DATA:
             self._on_data(rnd, sender, header, body, now)
@@ -331,6 +340,7 @@ class Transport:
             incoming = rnd.incoming[sender]
             if incoming.first is None:
                 incoming.first = now
+            incoming.polled = True
             self._maybe_final(rnd, sender, incoming, now)
             self._ack(rnd, sender, incoming)
         elif not rnd.registered:

@@ -19,9 +19,10 @@ from thinwire.transport.payload import Layout, body_bytes
 class Incoming:
     """One sender's datagrams in one round (this rank receiving)."""
     data: dict = field(default_factory=dict)       # seq -> body
-    raw: dict = field(default_factory=dict)        # before the layout is known: seq -> (h, body)
+    raw: dict = field(default_factory=dict)        # before the layout: (step, bucket, seq) -> (h, b)
     high: int = 0                                  # distinct high datagrams held
     first: float | None = None                     # when the sender was first heard this round
+    polled: bool = False                           # the sender has sent all (its POLL is here)
     final: frozenset | None = None                 # seqs held when this rank stopped waiting
     commit: frozenset | None = None                # seqs every rank applies (sender's decision)
 
@@ -90,7 +91,12 @@ def check_data(layout: Layout, header: wire.Header, body: bytes) -> str | None:
 
 
 def complete(layout: Layout, incoming: Incoming, epsilon: float) -> bool:
-    """Every high datagram and at least (1 - epsilon) of the others are here."""
+    """Every datagram is here; or every high one and at least (1 - epsilon) of the others, and
+    the sender has sent them all (its POLL came after its last datagram: without that, a
+    receiver would cut off the tail of every payload even on a lossless link)."""
+    if len(incoming.data) == layout.total:
+        return True
     low_total = layout.total - layout.n_high
     low_needed = math.ceil((1.0 - epsilon) * low_total - 1e-9)
-    return incoming.high >= layout.n_high and len(incoming.data) - incoming.high >= low_needed
+    return (incoming.polled and incoming.high >= layout.n_high
+            and len(incoming.data) - incoming.high >= low_needed)
