@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
                 row = {"algorithm": algorithm, "steps": n, "times_s": times,
                        "mean_s": statistics.fmean(times), "p50_s": statistics.median(times),
                        "p99_s": statistics.quantiles(times, n=100, method="inclusive")[98],
-                       "bytes_inter_per_step": totals["bytes_inter"] / n}
+                       "bytes_inter_per_step": totals["bytes_inter"] / n,
+                       "select_s": totals["select_s"] / n, "comm_s": totals["comm_s"] / n}
                 if rate:
                     row["wire_s"] = 8 * row["bytes_inter_per_step"] / rate
                     row["mean_vs_wire"] = row["mean_s"] / row["wire_s"]

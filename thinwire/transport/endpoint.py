@@ -4,10 +4,15 @@ An exchange ("round") on every rank of the job, all in the same order:
 
 1. DATA: this rank sends its payload's datagrams to every peer, paced at the link rate, the
    high ones first; a receiver thread files what arrives from the peers.
-2. A receiver stops waiting for a sender ("final") once it holds every high datagram and at
-   least (1 - epsilon) of the others, or at a deadline (first contact + the wire time of the
-   payload times a slack); it tells the sender its bitmap (ACK, answered to POLLs too). The
-   sender retransmits only missing high datagrams, each time an ACK shows some.
+2. Having sent everything, a sender POLLs each receiver (and again every POLL_S until the
+   receiver is final). A receiver stops waiting for a sender ("final") once it holds every
+   datagram, or every high one and at least (1 - epsilon) of the others after the sender's
+   POLL, or at a deadline: the POLL's arrival + the wire time of the payload times a slack
+   (datagrams still queued behind the POLL, which overtakes them in the highest class). The
+   deadline counts from the POLL, not from the first datagram, so that a sender slowed down
+   by its CPU does not lose its payload's tail. The receiver tells the sender its bitmap (ACK,
+   answered to POLLs too); the sender retransmits only missing high datagrams, each time an
+   ACK shows some.
 3. COMMIT: once every peer's final bitmap is in, the sender decides what all ranks apply: the
    datagrams every peer holds. Replicas stay identical: an entry is applied everywhere or
    nowhere. The sender returns the others to its error feedback (conservation).
@@ -37,8 +42,8 @@ log = logging.getLogger(__name__)
 
 MAX_EPSILON = 0.1
 POLL_S = 0.01            # a missing answer is asked for again after this long
-DEFAULT_DEADLINE_S = 0.5  # deadline budget where no link rate is known (loopback)
-MIN_DEADLINE_S = 0.05
+DEFAULT_DEADLINE_S = 0.05  # after a sender's POLL, where no link rate is known (loopback)
+MIN_DEADLINE_S = 0.02
 
 
 @dataclass
@@ -160,7 +165,7 @@ class Transport:
         if self.deadline_s is not None:
             self._budget_s = self.deadline_s
         elif self.rate_bps:
-            wire_s = 8 * per_peer_bytes * max(1, len(self.peers)) / self.rate_bps
+            wire_s = 8 * per_peer_bytes / self.rate_bps  # one sender's payload to this rank
             self._budget_s = max(MIN_DEADLINE_S, self.deadline_slack * wire_s)
         self._paced_send_all(rnd, datagrams, classes, cut.send_order)
         self._finish(rnd, cut, datagrams, classes)
@@ -264,7 +269,7 @@ class Transport:
     def _maybe_final(self, rnd: Round, sender: int, incoming, now: float) -> None:
         if incoming.final is not None or not rnd.registered:
             return
-        late = incoming.first is not None and now - incoming.first >= self._budget_s
+        late = incoming.polled is not None and now - incoming.polled >= self._budget_s
         if complete(rnd.layout, incoming, self.epsilon) or late:
             incoming.final = frozenset(incoming.data)
             self._ack(rnd, sender, incoming)
@@ -340,7 +345,8 @@ class Transport:
             incoming = rnd.incoming[sender]
             if incoming.first is None:
                 incoming.first = now
-            incoming.polled = True
+            if incoming.polled is None:
+                incoming.polled = now
             self._maybe_final(rnd, sender, incoming, now)
             self._ack(rnd, sender, incoming)
         elif not rnd.registered:
@@ -395,7 +401,8 @@ class Transport:
                     self._handle(sender, header, body)
                 except wire.BadDatagram:
                     self.counters.bad += 1
-                self._cond.notify_all()
+                if header.kind != wire.DATA:  # main waits on answers; data it polls for
+                    self._cond.notify_all()
 
     def close(self) -> None:
         self._closing = True

@@ -35,10 +35,8 @@ class Layout:
     total: int
     n_high: int
 
-    @property
-    def entry_bytes(self) -> int:
-        return torch.empty(0, dtype=self.dtype).element_size() + (INDEX_BYTES if self.sparse
-                                                                  else 0)
+    entry_bytes: int = 0  # value (+ index) bytes of one entry
+
 
     def span(self, seq: int) -> tuple[int, int]:
         """(offset, count) of datagram ``seq``."""
@@ -54,7 +52,8 @@ def entries_per_datagram(dtype: torch.dtype, sparse: bool) -> int:
 def make_layout(entries: int, dtype: torch.dtype, sparse: bool, high_share: float) -> Layout:
     per = entries_per_datagram(dtype, sparse)
     total = math.ceil(entries / per)
-    return Layout(entries, sparse, dtype, per, total, math.ceil(high_share * total))
+    entry = torch.empty(0, dtype=dtype).element_size() + (INDEX_BYTES if sparse else 0)
+    return Layout(entries, sparse, dtype, per, total, math.ceil(high_share * total), entry)
 
 
 def max_entries(dtype: torch.dtype, sparse: bool) -> int:

@@ -22,7 +22,8 @@ class Incoming:
     raw: dict = field(default_factory=dict)        # before the layout: (step, bucket, seq) -> (h, b)
     high: int = 0                                  # distinct high datagrams held
     first: float | None = None                     # when the sender was first heard this round
-    polled: bool = False                           # the sender has sent all (its POLL is here)
+    polled: float | None = None                    # when the sender's first POLL came: it has
+    #                                                sent all its datagrams by then
     final: frozenset | None = None                 # seqs held when this rank stopped waiting
     commit: frozenset | None = None                # seqs every rank applies (sender's decision)
 
@@ -98,5 +99,5 @@ def complete(layout: Layout, incoming: Incoming, epsilon: float) -> bool:
         return True
     low_total = layout.total - layout.n_high
     low_needed = math.ceil((1.0 - epsilon) * low_total - 1e-9)
-    return (incoming.polled and incoming.high >= layout.n_high
+    return (incoming.polled is not None and incoming.high >= layout.n_high
             and len(incoming.data) - incoming.high >= low_needed)
