@@ -84,10 +84,8 @@ class Meddler:
             return [datagram]
         flipped = bytearray(datagram)
         flipped[-1] ^= 0x01
-        other_step = wire.encode(wire.Header(**{**header.__dict__, "step": header.step + 1}),
-                                 body)
-        other_bucket = wire.encode(wire.Header(**{**header.__dict__,
-                                                  "bucket": header.bucket + 1}), body)
+        other_step = wire.encode(header._replace(step=header.step + 1), body)
+        other_bucket = wire.encode(header._replace(bucket=header.bucket + 1), body)
         return [bytes(flipped), other_step, other_bucket, datagram, datagram]
 
     def _out(self, datagrams, send) -> None:

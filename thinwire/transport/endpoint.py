@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import select
 import socket
 import struct
 import threading
@@ -44,6 +45,8 @@ MAX_EPSILON = 0.1
 POLL_S = 0.01            # a missing answer is asked for again after this long
 DEFAULT_DEADLINE_S = 0.05  # after a sender's POLL, where no link rate is known (loopback)
 MIN_DEADLINE_S = 0.02
+RECEIVE_BATCH = 256       # datagrams the receiver thread files under one lock
+SEND_WAIT_S = 0.05        # a full send buffer is waited for this long, then the datagram is lost
 
 
 @dataclass
@@ -90,8 +93,15 @@ class Transport:
         self.deadline_slack, self.deadline_s = deadline_slack, deadline_s
         self.max_step_bytes, self._drop = max_step_bytes, drop
         self.counters = Counters()
+        # the ancillary data marking a datagram's class: qos.tos_for_class, prepared once
+        self._tos = [[(socket.IPPROTO_IP, socket.IP_TOS, struct.pack("i", (classes - 1 - c) << 5))]
+                     for c in range(classes or 0)]
         self._sock = sock
-        self._sock.settimeout(0.2)  # the receiver thread checks for close this often
+        # non-blocking: the receiver thread drains what is queued after one poll() wait (a
+        # socket with a timeout would wait that timeout at the end of every batch)
+        self._sock.setblocking(False)
+        self._poller = select.poll()
+        self._poller.register(sock.fileno(), select.POLLIN)
         self._rank_of = {tuple(addr): r for r, addr in self.peers.items()}
         self._cond = threading.Condition()
         self._rounds: dict[int, Round] = {}
@@ -109,15 +119,18 @@ class Transport:
               round_: int = 0, seq: int = 0, attempt: int = 0) -> None:
         if self._drop is not None and self._drop(kind, dst, round_, seq, attempt):
             return
-        try:
-            if self.classes:
-                tos = (self.classes - 1 - cls) << 5  # qos.tos_for_class, without the checks
-                self._sock.sendmsg([datagram], [(socket.IPPROTO_IP, socket.IP_TOS,
-                                                 struct.pack("i", tos))], 0, self.peers[dst])
-            else:
-                self._sock.sendto(datagram, self.peers[dst])
-        except OSError as exc:  # e.g. a peer's port closed (ICMP): its silence times out later
-            log.debug("send to rank %d failed: %s", dst, exc)
+        for attempt in range(2):
+            try:
+                if self.classes:
+                    self._sock.sendmsg([datagram], self._tos[cls], 0, self.peers[dst])
+                else:
+                    self._sock.sendto(datagram, self.peers[dst])
+                return
+            except BlockingIOError:  # the socket's send buffer is full: wait for room once
+                select.select([], [self._sock], [], SEND_WAIT_S)
+            except OSError as exc:  # e.g. a peer's port closed (ICMP): it times out later
+                log.debug("send to rank %d failed: %s", dst, exc)
+                return
 
     def _control(self, rnd: Round, kind: int, dst: int, body: bytes = b"", flags: int = 0,
                  total: int = 0) -> None:
@@ -317,8 +330,8 @@ class Transport:
             if decide:
                 self._maybe_final(rnd, sender, incoming, now)
 
-    def _handle(self, sender: int, header: wire.Header, body: bytes) -> None:
-        number, now = header.round, time.perf_counter()
+    def _handle(self, sender: int, header: wire.Header, body: bytes, now: float) -> None:
+        number = header.round
         if header.kind == wire.COMMIT and number < self._current:
             rnd = Round(number, ())  # a commit this rank already holds: its ack was lost
             rnd.step, rnd.bucket = header.step, header.bucket
@@ -373,14 +386,23 @@ class Transport:
 
     def _receive_loop(self) -> None:
         while not self._closing:
-            try:
-                datagram, address = self._sock.recvfrom(65536)
-            except socket.timeout:
+            if not self._poller.poll(200):  # ms: the thread checks for close this often
                 continue
+            batch = []
+            try:  # whatever is queued, up to a batch: one lock for all of them
+                while len(batch) < RECEIVE_BATCH:
+                    batch.append(self._sock.recvfrom(65536))
+            except BlockingIOError:
+                pass
             except OSError:
                 if self._closing:
                     return
-                continue
+            if batch:
+                self._receive_batch(batch)
+
+    def _receive_batch(self, batch: list) -> None:
+        parsed, notify = [], False
+        for datagram, address in batch:
             sender = self._rank_of.get(address[:2])
             if sender is None:
                 self.counters.foreign += 1  # not from this job's ranks: never parsed
@@ -392,17 +414,22 @@ class Transport:
                 continue
             if header.job != self.job:
                 self.counters.foreign += 1
-                continue
-            if header.sender != sender:
+            elif header.sender != sender:
                 self.counters.bad += 1
-                continue
-            with self._cond:
+            else:
+                parsed.append((sender, header, body))
+                notify |= header.kind != wire.DATA  # main waits on answers; data it polls for
+        if not parsed:
+            return
+        with self._cond:
+            now = time.perf_counter()
+            for sender, header, body in parsed:
                 try:
-                    self._handle(sender, header, body)
+                    self._handle(sender, header, body, now)
                 except wire.BadDatagram:
                     self.counters.bad += 1
-                if header.kind != wire.DATA:  # main waits on answers; data it polls for
-                    self._cond.notify_all()
+            if notify:
+                self._cond.notify_all()
 
     def close(self) -> None:
         self._closing = True

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from dataclasses import dataclass
+from typing import NamedTuple
 
 MAGIC = b"TW"
 VERSION = 1
@@ -42,8 +42,9 @@ class BadDatagram(ValueError):
     """A datagram that is not a well-formed thinwire datagram (dropped and counted)."""
 
 
-@dataclass(frozen=True)
-class Header:
+class Header(NamedTuple):
+    """A NamedTuple, not a dataclass: one is made per datagram received (~9000 a second per
+    100 Mbit/s link), and a tuple is several times cheaper to make."""
     kind: int
     job: int
     round: int
