@@ -20,7 +20,7 @@ from thinwire.bench.report import format_table, save_if_asked
 from thinwire.cluster.cli import add_resource_options, resource_kwargs
 
 COLUMNS = ("algorithm", "mean_s", "p50_s", "p99_s", "p99_vs_gloo", "mean_vs_wire", "wire_s",
-           "select_s", "comm_s",
+           "select_s", "comm_s", "cpu_s",
            "dlcp_sent", "dlcp_lost", "dlcp_retransmitted", "missed_share")
 BASELINE = "topk_allgather"
 
