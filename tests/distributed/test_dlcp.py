@@ -28,3 +28,19 @@ def test_dlcp_without_loss_equals_topk_allgather_on_every_rank():
             assert counters["dlcp_entries"] == 250 + 61
     assert all(torch.equal(a, b) for a, b in zip(runs[0]["dlcp"]["results"][-1],
                                                   runs[1]["dlcp"]["results"][-1]))
+
+
+def test_with_loss_every_rank_applies_the_same_and_nothing_is_lost_over_time():
+    """Sum over ranks of (gradient + residual before) == W * result + sum of residuals after:
+    what missed a step is in the residuals, on every step; every rank holds the same result."""
+    world, length, steps = 3, 8000, 3
+    runs = run_ranks(dlcp_workers.dlcp_with_loss, world, length, steps, 0.2)
+    previous = [torch.zeros(length, dtype=torch.float64) for _ in range(world)]
+    for step in range(steps):
+        sent = sum(runs[r][step]["grad"] + previous[r] for r in range(world))
+        kept = sum(runs[r][step]["residual"] for r in range(world))
+        result = runs[0][step]["result"]
+        torch.testing.assert_close(world * result + kept, sent, rtol=0, atol=1e-12)
+        assert all(torch.equal(runs[r][step]["result"], result) for r in range(world))
+        previous = [runs[r][step]["residual"] for r in range(world)]
+    assert sum(run[s]["missed"] for run in runs for s in range(steps)) > 0
