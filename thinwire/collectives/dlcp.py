@@ -17,8 +17,9 @@ Settings (``SyncState(algorithm_options=...)``; `thinwire train` takes the defau
 * ``rate_bps``: the sender's pacing and the deadline's link rate; default: the emulated
   cluster's inter-node rate (``THINWIRE_INTER_NODE_BPS``), unpaced where none is known;
 * ``classes``: the link's priority classes (default ``THINWIRE_LINK_CLASSES``, none: no marks);
-* ``deadline_slack`` (2.0): a receiver's deadline is this times the payload's wire time;
-  ``deadline_s`` sets it in seconds instead.
+* ``deadline_slack`` (2.0): after a sender's POLL (it has sent everything), a receiver waits
+  at most this times the wire time of that sender's payload for missing datagrams;
+  ``deadline_s`` sets that wait in seconds instead (default without a rate: 0.05 s).
 
 Counters per step in ``state.last_step``: ``dlcp_sent``, ``dlcp_lost``, ``dlcp_retransmitted``
 (datagrams), ``dlcp_entries`` and ``dlcp_missed_entries`` (see :func:`missed_share`).
