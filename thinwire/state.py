@@ -175,7 +175,7 @@ class SyncState:
         self._current["comm_s"] = self._current["intra_s"] + self._current["inter_s"]
         self.last_step = dict(self._current)
         for key, value in self._current.items():
-            self.totals[key] += value
+            self.totals[key] = self.totals.get(key, 0.0) + value
         self.steps += 1
         self._current = _empty_step()
 
@@ -184,6 +184,10 @@ class SyncState:
     def record(self, traffic: Traffic) -> None:
         self._current["bytes_intra"] += traffic.intra
         self._current["bytes_inter"] += traffic.inter
+
+    def count(self, name: str, value: float) -> None:
+        """Adds ``value`` to an algorithm's own counter ``name`` of this step (in last_step)."""
+        self._current[name] = self._current.get(name, 0.0) + value
 
     @contextmanager
     def timer(self, what: str, members: int | None = None):

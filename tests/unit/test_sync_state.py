@@ -16,7 +16,7 @@ from thinwire.sync import buckets
 
 def test_unknown_algorithm_lists_the_allowed_ones():
     with pytest.raises(ValueError, match="algorithm must be one of allreduce, hier_allreduce, "
-                                         "hitopk, oktopk, topk_a2a, topk_allgather, "
+                                         "dlcp, hitopk, oktopk, topk_a2a, topk_allgather, "
                                          "got 'ring'"):
         SyncState(None, "ring")
 

@@ -78,6 +78,8 @@ def node_env(spec: ClusterSpec, node: int, ifname: str, extra: dict | None) -> d
     })
     if spec.link_classes:  # what a rank needs for qos.tos_for_class
         env["THINWIRE_LINK_CLASSES"] = str(spec.link_classes)
+    if spec.shaping and spec.inter_node_bps:  # a paced sender (dlcp) needs its link's rate
+        env["THINWIRE_INTER_NODE_BPS"] = str(spec.inter_node_bps)
     env.setdefault("OMP_NUM_THREADS", "1")
     # torchrun --tee prefixes each rank's lines with this (it fills in ${rank}).
     env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = f"[node{node} rank${{rank}}]: "

@@ -1,0 +1,91 @@
+"""`thinwire bench dlcp`: step synchronisation time of dlcp against the same payload over gloo.
+
+On the emulated cluster (default 4 nodes x 1 rank at 100 Mbit/s, 1% random loss, 3 priority
+classes, a TCP bulk flow node 1 -> node 0 in the lowest class all the while), one bucket of
+``--size`` elements at ``--density`` per step: dlcp (top-k all-gathered over the UDP
+transport) against topk_allgather (the same selection and error feedback, the same all-gather
+over gloo's TCP). Reported per algorithm: mean, median and 99th percentile of the step time
+(slowest rank), bytes per rank on the wire, dlcp's mean against the wire time of its bytes at
+the link rate, and dlcp's counters; the ratios come from the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+from thinwire.bench.report import format_table, save_if_asked
+from thinwire.cluster.cli import add_resource_options, resource_kwargs
+
+COLUMNS = ("algorithm", "mean_s", "p50_s", "p99_s", "p99_vs_gloo", "mean_vs_wire", "wire_s",
+           "select_s", "comm_s", "cpu_s",
+           "dlcp_sent", "dlcp_lost", "dlcp_retransmitted", "missed_share")
+BASELINE = "topk_allgather"
+
+
+def run(spec, size: int, density: float, steps: int, epsilon: float, bulk: bool,
+        bulk_port: int = 45000, timeout_s: float = 1800) -> dict:
+    from thinwire.cluster import run as run_on_cluster
+
+    with tempfile.TemporaryDirectory(prefix="thinwire-bench-dlcp-") as tmp:
+        out = os.path.join(tmp, "rows.json")
+        command = ["-m", "thinwire.bench.dlcp_worker", "--out", out, "--size", str(size),
+                   "--density", str(density), "--steps", str(steps), "--epsilon", str(epsilon),
+                   "--algorithms", "dlcp", BASELINE,
+                   "--bulk-port", str(bulk_port if bulk else 0)]
+        status = run_on_cluster(spec, command, timeout_s=timeout_s, output=sys.stderr)
+        if status != 0:
+            raise RuntimeError(f"the benchmark ranks failed with exit status {status}")
+        with open(out) as handle:
+            result = json.load(handle)
+    by_name = {row["algorithm"]: row for row in result["rows"]}
+    for row in result["rows"]:
+        row["p99_vs_gloo"] = row["p99_s"] / by_name[BASELINE]["p99_s"]
+    result["setting"] = {"nodes": spec.nodes, "ranks_per_node": spec.ranks_per_node,
+                         "inter_node_bandwidth": spec.inter_node_bandwidth, "loss": spec.loss,
+                         "link_classes": spec.link_classes, "shaping": spec.shaping,
+                         "size": size, "density": density, "steps": steps,
+                         "epsilon": epsilon, "bulk_flow": bulk}
+    return result
+
+
+def _main(args) -> int:
+    from thinwire.cluster import ClusterSpec
+
+    shaped = not args.no_shaping
+    resources = resource_kwargs(args)
+    if not shaped:  # classes and loss live in the shaped links' qdiscs
+        resources["link_classes"] = None
+    spec = ClusterSpec(nodes=args.nodes, ranks_per_node=args.ranks_per_node,
+                       inter_node_bandwidth=args.inter_node_bandwidth if shaped else None,
+                       loss=args.loss if shaped else None, shaping=shaped, **resources)
+    result = run(spec, args.size, args.density, args.steps, args.epsilon, not args.no_bulk)
+    print(format_table(result["rows"], COLUMNS))
+    save_if_asked(args.json, result)
+    return 0
+
+
+def register(bench_subparsers) -> None:
+    parser = bench_subparsers.add_parser(
+        "dlcp", help="dlcp's step time against the same payload over gloo, under loss and a "
+                     "competing low-priority bulk flow")
+    parser.add_argument("--nodes", type=int, default=4, help="emulated nodes (default 4)")
+    parser.add_argument("--ranks-per-node", type=int, default=1, help="ranks per node (default 1)")
+    parser.add_argument("--inter-node-bandwidth", default="100mbit",
+                        help="each node's link rate (default 100mbit)")
+    parser.add_argument("--loss", default="1", help="percent of packets lost (default 1)")
+    parser.add_argument("--no-shaping", action="store_true",
+                        help="loopback only: no shaping, loss or bulk flow")
+    parser.add_argument("--size", type=int, default=1_000_000,
+                        help="gradient elements per step (default 1000000)")
+    parser.add_argument("--density", type=float, default=0.02, help="top-k density (default 0.02)")
+    parser.add_argument("--steps", type=int, default=100, help="timed steps (default 100)")
+    parser.add_argument("--epsilon", type=float, default=0.02,
+                        help="dlcp: share of low-class datagrams a step may miss (default 0.02)")
+    parser.add_argument("--no-bulk", action="store_true",
+                        help="no competing bulk flow (default: one, in the lowest class)")
+    parser.add_argument("--json", metavar="PATH", default=None, help="write the result here")
+    add_resource_options(parser)
+    parser.set_defaults(func=_main, link_classes=3)

@@ -1,0 +1,289 @@
+"""One rank's end of the loss-tolerant transport: an all-gather of gradient payloads over UDP.
+
+An exchange ("round") on every rank of the job, all in the same order:
+
+1. DATA: this rank sends its payload's datagrams to every peer, paced at the link rate, the
+   high ones first; a receiver thread files what arrives from the peers.
+2. Having sent everything, a sender POLLs each receiver (and again every POLL_S until the
+   receiver is final). A receiver stops waiting for a sender ("final") once it holds every
+   datagram, or every high one and at least (1 - epsilon) of the others after the sender's
+   POLL, or at a deadline: the POLL's arrival + the wire time of the payload times a slack
+   (datagrams still queued behind the POLL, which overtakes them in the highest class). The
+   deadline counts from the POLL, not from the first datagram, so that a sender slowed down
+   by its CPU does not lose its payload's tail. The receiver tells the sender its bitmap (ACK,
+   answered to POLLs too); the sender retransmits only missing high datagrams, each time an
+   ACK shows some.
+3. COMMIT: once every peer's final bitmap is in, the sender decides what all ranks apply: the
+   datagrams every peer holds. Replicas stay identical: an entry is applied everywhere or
+   nowhere. The sender returns the others to its error feedback (conservation).
+4. The round ends on a rank once every peer acknowledged its commit and it holds every peer's.
+
+Control datagrams (POLL, ACK, COMMIT, COMMIT_ACK) travel in the highest class and are repeated
+until answered, so only a dead peer stops a round; that ends in TimeoutError naming the ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import select
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from thinwire.transport import payload as payloads
+from thinwire.transport import wire
+from thinwire.transport.receiver import Receiver
+from thinwire.transport.rounds import Counters, Round
+
+log = logging.getLogger(__name__)
+
+MAX_EPSILON = 0.1
+POLL_S = 0.01            # a missing answer is asked for again after this long
+DEFAULT_DEADLINE_S = 0.05  # after a sender's POLL, where no link rate is known (loopback)
+MIN_DEADLINE_S = 0.02
+SEND_WAIT_S = 0.05        # a full send buffer is waited for this long, then the datagram is lost
+
+
+@dataclass
+class Exchanged:
+    """The result of one exchange: every rank's applied entries, and this rank's own fate."""
+    parts: list                      # by rank: (values, int64 indices) every rank applies
+    own_lost: torch.Tensor           # positions in this rank's payload that nobody applies
+    wire_bytes: int                  # this rank's DATA bytes on the wire (headers included)
+
+
+def check_options(epsilon: float, high_share: float, rate_bps, timeout_s: float,
+                  deadline_slack: float, deadline_s) -> None:
+    def number(name, value, low, high=math.inf, low_open=False):
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+              and math.isfinite(value) and (value > low if low_open else value >= low)
+              and value <= high)
+        if not ok:
+            bracket = "(" if low_open else "["
+            raise ValueError(f"{name} must be a number in {bracket}{low}, {high}], got {value!r}")
+    number("epsilon", epsilon, 0.0, MAX_EPSILON)
+    number("high_share", high_share, 0.0, 1.0)
+    number("timeout_s", timeout_s, 0.0, low_open=True)
+    number("deadline_slack", deadline_slack, 1.0)
+    if rate_bps is not None:
+        number("rate_bps", rate_bps, 0.0, low_open=True)
+    if deadline_s is not None:
+        number("deadline_s", deadline_s, 0.0, low_open=True)
+
+
+class Transport(Receiver):
+    """``peers``: rank -> (ip, port) of every other rank; ``sock``: this rank's bound UDP socket
+    (the transport owns it). ``drop(kind, dst, round, seq, attempt) -> bool`` is a test hook
+    that loses chosen datagrams at the sender (a seeded loss pattern)."""
+
+    def __init__(self, sock: socket.socket, rank: int, peers: dict, job: int, *,
+                 epsilon: float = 0.02, high_share: float = 0.1, rate_bps: float | None = None,
+                 classes: int | None = None, timeout_s: float = 300.0,
+                 deadline_slack: float = 2.0, deadline_s: float | None = None,
+                 max_step_bytes: int | None = None, drop=None):
+        check_options(epsilon, high_share, rate_bps, timeout_s, deadline_slack, deadline_s)
+        self.rank, self.job, self.peers = rank, job, dict(peers)
+        self.epsilon, self.high_share, self.rate_bps = epsilon, high_share, rate_bps
+        self.classes, self.timeout_s = classes, timeout_s
+        self.deadline_slack, self.deadline_s = deadline_slack, deadline_s
+        self.max_step_bytes, self._drop = max_step_bytes, drop
+        self.counters = Counters()
+        # the ancillary data marking a datagram's class: qos.tos_for_class, prepared once
+        self._tos = [[(socket.IPPROTO_IP, socket.IP_TOS,
+                       struct.pack("i", (classes - 1 - c) << 5))] for c in range(classes or 0)]
+        self._sock = sock
+        # non-blocking: the receiver thread drains what is queued after one poll() wait (a
+        # socket with a timeout would wait that timeout at the end of every batch)
+        self._sock.setblocking(False)
+        self._poller = select.poll()
+        self._poller.register(sock.fileno(), select.POLLIN)
+        self._rank_of = {tuple(addr): r for r, addr in self.peers.items()}
+        self._cond = threading.Condition()
+        self._rounds: dict[int, Round] = {}
+        self._current = 0  # the round being exchanged; the receiver accepts it and the next
+        self._next = 0
+        self._budget_s = DEFAULT_DEADLINE_S
+        self._closing = False
+        self._thread = threading.Thread(target=self._receive_loop, daemon=True,
+                                        name=f"thinwire-transport-{rank}")
+        self._thread.start()
+
+    # ------------------------------------------------------------------ sending
+
+    def _send(self, dst: int, datagram: bytes, cls: int = 0, kind: int = wire.DATA,
+              round_: int = 0, seq: int = 0, attempt: int = 0) -> None:
+        if self._drop is not None and self._drop(kind, dst, round_, seq, attempt):
+            return
+        for attempt in range(2):
+            try:
+                if self.classes:
+                    self._sock.sendmsg([datagram], self._tos[cls], 0, self.peers[dst])
+                else:
+                    self._sock.sendto(datagram, self.peers[dst])
+                return
+            except BlockingIOError:  # the socket's send buffer is full: wait for room once
+                select.select([], [self._sock], [], SEND_WAIT_S)
+            except OSError as exc:  # e.g. a peer's port closed (ICMP): it times out later
+                log.debug("send to rank %d failed: %s", dst, exc)
+                return
+
+    def _control(self, rnd: Round, kind: int, dst: int, body: bytes = b"", flags: int = 0,
+                 total: int = 0) -> None:
+        header = wire.Header(kind, self.job, rnd.number, rnd.step or 0, rnd.bucket or 0,
+                             self.rank, total=total, flags=flags)
+        self.counters.control_sent += 1
+        self._send(dst, wire.encode(header, body), 0, kind, rnd.number)
+
+    def _paced_send_all(self, rnd: Round, datagrams: list, classes: list, order: list) -> None:
+        """Every datagram to every peer, peers interleaved, at ``rate_bps`` on this rank's link."""
+        start = time.perf_counter()
+        sent_bits = 0.0
+        for seq in order:
+            for peer in self.peers:
+                if rnd.outgoing[peer].final is not None:
+                    continue  # that receiver stopped waiting: the rest would be late
+                self._send(peer, datagrams[seq], classes[seq], wire.DATA, rnd.number, seq)
+                self.counters.sent += 1
+                if self.rate_bps:
+                    sent_bits += 8 * (len(datagrams[seq]) + wire.WIRE_OVERHEAD_BYTES)
+                    ahead = sent_bits / self.rate_bps - (time.perf_counter() - start)
+                    if ahead > 0.001:
+                        time.sleep(ahead)
+
+    # ------------------------------------------------------------------ the exchange
+
+    def exchange(self, step: int, bucket: int, values: torch.Tensor,
+                 indices: torch.Tensor | None = None, layer_position: float = 0.5) -> Exchanged:
+        """All-gather ``values`` (dense) or ``(values, indices)`` (sparse) with every peer."""
+        if indices is not None and indices.numel() != values.numel():
+            raise ValueError(f"indices ({indices.numel()}) and values ({values.numel()}) of a "
+                             f"sparse payload must have the same length")
+        self._check_size(values, indices is not None)
+        cut = payloads.cut(values, indices, self.high_share)
+        layout = cut.layout
+        flags = wire.SPARSE if layout.sparse else 0
+        with self._cond:
+            rnd = self._register(step, bucket, layout)
+        datagrams = [wire.encode(wire.Header(
+            wire.DATA, self.job, rnd.number, step, bucket, self.rank, seq, layout.total,
+            layout.n_high, *layout.span(seq), flags | (wire.HIGH if cut.high[seq] else 0)),
+            cut.bodies[seq]) for seq in range(layout.total)]
+        classes = [wire.priority_class(h, layer_position, self.classes) for h in cut.high]
+        per_peer_bytes = sum(len(d) + wire.WIRE_OVERHEAD_BYTES for d in datagrams)
+        if self.deadline_s is not None:
+            self._budget_s = self.deadline_s
+        elif self.rate_bps:
+            wire_s = 8 * per_peer_bytes / self.rate_bps  # one sender's payload to this rank
+            self._budget_s = max(MIN_DEADLINE_S, self.deadline_slack * wire_s)
+        self._paced_send_all(rnd, datagrams, classes, cut.send_order)
+        self._finish(rnd, cut, datagrams, classes)
+        return self._result(rnd, cut, per_peer_bytes * len(self.peers))
+
+    def _check_size(self, values: torch.Tensor, sparse: bool) -> None:
+        entry = values.element_size() + (payloads.INDEX_BYTES if sparse else 0)
+        limit = payloads.max_entries(values.dtype, sparse) * entry
+        allowed = limit if self.max_step_bytes is None else min(limit, self.max_step_bytes)
+        size = values.numel() * entry
+        if size > allowed:
+            raise ValueError(f"payload of {size} bytes ({values.numel()} entries) is larger than "
+                             f"the allowed step size: max_step_bytes must be >= the payload and "
+                             f"at most {limit} (allowed: 1..{allowed} bytes here); split the "
+                             f"bucket or lower the density")
+
+    def _register(self, step: int, bucket: int, layout) -> Round:
+        """Make round ``current`` this exchange; file what a faster peer already sent."""
+        number = self._next
+        self._next += 1
+        for old in [r for r in self._rounds if r < number]:
+            del self._rounds[old]
+        self._current = number
+        rnd = self._rounds.setdefault(number, Round(number, tuple(self.peers)))
+        rnd.step, rnd.bucket, rnd.layout = step, bucket, layout
+        now = time.perf_counter()
+        for sender, incoming in rnd.incoming.items():
+            raw, incoming.raw = incoming.raw, {}
+            for header, body in raw.values():  # all filed before any completion is decided
+                self._on_data(rnd, sender, header, body, now, decide=False)
+            self._maybe_final(rnd, sender, incoming, now)
+        return rnd
+
+    def _finish(self, rnd: Round, cut, datagrams: list, classes: list) -> None:
+        start = time.perf_counter()
+        high = [seq for seq in range(len(datagrams)) if cut.high[seq]]
+        with self._cond:
+            while True:
+                now = time.perf_counter()
+                for sender, incoming in rnd.incoming.items():
+                    self._maybe_final(rnd, sender, incoming, now)
+                for peer, out in rnd.outgoing.items():
+                    if out.final is None and now - out.last_poll >= POLL_S:
+                        out.last_poll = now
+                        self._control(rnd, wire.POLL, peer)
+                    if out.final is None and out.ack_version > out.acted_version:
+                        out.acted_version = out.ack_version
+                        for seq in high:
+                            if seq not in out.ack:
+                                self._send(peer, datagrams[seq], classes[seq], wire.DATA,
+                                           rnd.number, seq, out.ack_version)
+                                self.counters.retransmitted += 1
+                if rnd.commit is None and all(o.final is not None
+                                              for o in rnd.outgoing.values()):
+                    rnd.commit = frozenset(range(rnd.layout.total)).intersection(
+                        *[o.final for o in rnd.outgoing.values()])
+                if rnd.commit is not None:
+                    bits = wire.bitmap(rnd.commit, rnd.layout.total)
+                    for peer, out in rnd.outgoing.items():
+                        if not out.commit_acked and now - out.last_commit >= POLL_S:
+                            out.last_commit = now
+                            self._control(rnd, wire.COMMIT, peer, bits, total=rnd.layout.total)
+                if rnd.commit is not None and all(o.commit_acked for o in rnd.outgoing.values()) \
+                        and all(i.commit is not None for i in rnd.incoming.values()):
+                    return
+                if now - start > self.timeout_s:
+                    raise TimeoutError(self._stuck(rnd))
+                self._cond.wait(timeout=POLL_S / 2)
+
+    def _stuck(self, rnd: Round) -> str:
+        silent = [s for s, i in rnd.incoming.items() if i.first is None]
+        no_final = [p for p, o in rnd.outgoing.items() if o.final is None]
+        no_commit = [s for s, i in rnd.incoming.items() if i.commit is None]
+        return (f"thinwire transport: rank {self.rank}, exchange of step {rnd.step} bucket "
+                f"{rnd.bucket} not done after timeout_s={self.timeout_s:g}: never heard from "
+                f"rank(s) {silent}, no final acknowledgement from {no_final}, no commit from "
+                f"{no_commit} (a peer stopped or its datagrams cannot reach this rank)")
+
+    def _result(self, rnd: Round, cut, wire_bytes: int) -> Exchanged:
+        layout = rnd.layout
+        parts = []
+        for rank in range(len(self.peers) + 1):
+            if rank == self.rank:
+                mine = {seq: cut.bodies[seq] for seq in rnd.commit}
+                parts.append(payloads.assemble(layout, mine))
+            else:
+                incoming = rnd.incoming[rank]
+                parts.append(payloads.assemble(layout, {s: incoming.data[s]
+                                                        for s in incoming.commit}))
+        lost_seqs = set(range(layout.total)) - rnd.commit
+        own_lost = payloads.entries_of(cut, lost_seqs)
+        self.counters.lost += len(lost_seqs)
+        self.counters.entries += layout.entries
+        self.counters.missed_entries += own_lost.numel()
+        for incoming in rnd.incoming.values():  # free the payload; the round stays for re-acks
+            incoming.data = {}
+        return Exchanged(parts, own_lost, wire_bytes)
+
+    def close(self) -> None:
+        self._closing = True
+        self._thread.join(timeout=2.0)
+        self._sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
