@@ -52,3 +52,20 @@ def test_diloco_train_bad_options(changes, message):
     with pytest.raises(ValueError) as info:
         TrainConfig(**cfg).validate()
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(sync_every=0), "--sync-every must be an integer >= 1 with --algorithm diloco, got 0"),
+    (dict(fragments=2), "--fragments must be 1 and --overlap off, got --fragments 2"),
+    (dict(overlap=True), "--fragments must be 1 and --overlap off, got --fragments 1 --overlap"),
+    (dict(outer_algorithm="hitopk"), "--outer-algorithm must be allreduce or hier_allreduce, "
+                                     "got 'hitopk'"),
+    (dict(checkpoint="ckpt"), "--algorithm torchft-diloco does not checkpoint"),
+])
+def test_torchft_diloco_train_bad_options(changes, message):
+    pytest.importorskip("torchft")
+    cfg = dict(model="mlp", algorithm="torchft-diloco", sync_every=3)
+    cfg.update(changes)
+    with pytest.raises(ValueError) as info:
+        TrainConfig(**cfg).validate()
+    assert message in str(info.value)

@@ -73,6 +73,9 @@ class TrainConfig:
         if self.algorithm == "diloco":
             from thinwire.local_sgd.train_adapter import check_config
             check_config(self)
+        elif self.algorithm == "torchft-diloco":
+            from thinwire.local_sgd.torchft_train import check_config as check_torchft
+            check_torchft(self)
         else:
             grad_sync.check_algorithm(self.algorithm)
         self.density = grad_sync.check_density(self.density)
@@ -177,7 +180,8 @@ def add_arguments(parser: argparse.ArgumentParser, exclude: tuple = ()) -> None:
     # Choices are checked in TrainConfig.validate (one message style for CLI and Python).
     a("--model", default=d.model, help=f"one of {', '.join(models.MODELS)} (default {d.model})")
     a("--algorithm", default=d.algorithm,
-      help=f"one of {', '.join(grad_sync.algorithm_names())}, diloco (default {d.algorithm})")
+      help=f"one of {', '.join(grad_sync.algorithm_names())}, diloco, torchft-diloco "
+           f"(default {d.algorithm})")
     a("--density", type=float, default=d.density, help="top-k density for the sparse algorithms")
     a("--selector", default=d.selector, help=f"top-k selector: {', '.join(grad_sync.SELECTORS)}")
     a("--wire", default=d.wire, help=f"thinwire's algorithms: dtype of the dense parts on the "
