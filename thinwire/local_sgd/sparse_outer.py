@@ -104,8 +104,11 @@ class SparseOuterState(SyncState):
         return full[:flat.numel()]
 
     def state_dict(self) -> dict:
+        # residuals under "feedback" in SyncState's shape, so checkpoint checks read them alike
+        residuals = {i: r.detach().cpu().clone() for i, r in self.residuals.items()}
         return {"format": FORMAT, **self.outer_settings, "steps": self.steps,
-                "residuals": {i: r.detach().cpu().clone() for i, r in self.residuals.items()}}
+                "feedback": {"enabled": True, "residuals": residuals, "velocities": {},
+                             "layouts": {}}}
 
     def load_state_dict(self, state: dict) -> None:
         if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -116,4 +119,5 @@ class SparseOuterState(SyncState):
             raise ValueError(f"checkpoint's outer exchange is {saved}, this one is "
                              f"{self.outer_settings}")
         self.steps = int(state["steps"])
-        self.residuals = {int(i): r.clone() for i, r in state["residuals"].items()}
+        self.residuals = {int(i): r.clone()
+                          for i, r in state["feedback"]["residuals"].items()}

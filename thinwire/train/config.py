@@ -67,6 +67,9 @@ class TrainConfig:
     outer_momentum: float = 0.9
     fragments: int = 1
     overlap: bool = False
+    outer_chunk: int = 4096          # --outer-algorithm sparseloco: top-k chunk, value bits
+    outer_bits: int = 2              # (0 = float32) and error-feedback decay
+    outer_decay: float = 0.95
 
     def validate(self) -> "TrainConfig":
         models.check_model(self.model)
@@ -235,6 +238,12 @@ def add_arguments(parser: argparse.ArgumentParser, exclude: tuple = ()) -> None:
     a("--fragments", type=int, default=d.fragments, help="Streaming DiLoCo fragments")
     a("--overlap", action="store_true",
       help="--algorithm diloco: a fragment's exchange overlaps the next inner step")
+    a("--outer-chunk", type=int, default=d.outer_chunk,
+      help="--outer-algorithm sparseloco: elements per top-k chunk (--density within each)")
+    a("--outer-bits", type=int, default=d.outer_bits,
+      help="--outer-algorithm sparseloco: bits per sent value, 2, 4 or 8 (0 = float32)")
+    a("--outer-decay", type=float, default=d.outer_decay,
+      help="--outer-algorithm sparseloco: decay of the error-feedback residual, in [0, 1]")
 
 
 def add_config_file(parser: argparse.ArgumentParser, argv: list[str] | None) -> None:
