@@ -156,7 +156,7 @@ def register(bench_subparsers) -> None:
                         help="diloco-sparseloco-H: bits per sent value, 2, 4 or 8 (0 = float32)")
     parser.add_argument("--ef-decay", type=float, default=0.95,
                         help="diloco-sparseloco-H: decay of the error-feedback residual")
-    parser.add_argument("--sparse-outer-lr", type=float, default=1.0,
+    parser.add_argument("--sparse-outer-lr", type=float, default=0.7,
                         help="diloco-sparseloco-H: outer learning rate")
     parser.add_argument("--sparse-outer-momentum", type=float, default=0.0,
                         help="diloco-sparseloco-H: outer Nesterov momentum (SparseLoCo: 0)")

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chunk", type=int, default=4096)
     parser.add_argument("--bits", type=int, default=2, help="0 = float32 values")
     parser.add_argument("--ef-decay", type=float, default=0.95)
-    parser.add_argument("--sparse-outer-lr", type=float, default=1.0)
+    parser.add_argument("--sparse-outer-lr", type=float, default=0.7)
     parser.add_argument("--sparse-outer-momentum", type=float, default=0.0)
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--eval-blocks", type=int, default=256)

@@ -4,6 +4,7 @@ loop's own optimizer (so the loop's step code stays as it is)."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 from torch.nn.parallel import DistributedDataParallel
@@ -11,6 +12,8 @@ from torch.nn.parallel import DistributedDataParallel
 from thinwire import collectives
 from thinwire.local_sgd import chunked, sparse_outer
 from thinwire.local_sgd.diloco import DiLoCo, node_group
+
+log = logging.getLogger(__name__)
 
 
 def check_config(cfg) -> None:
@@ -24,6 +27,11 @@ def check_config(cfg) -> None:
         raise ValueError(f"--outer-algorithm must be one of {', '.join(allowed)}, got "
                          f"{cfg.outer_algorithm!r}")
     if cfg.outer_algorithm == sparse_outer.NAME:
+        if cfg.outer_momentum:
+            log.warning("--outer-algorithm %s with --outer-momentum %g: its decayed residual "
+                        "already plays outer momentum's part; SparseLoCo uses --outer-momentum "
+                        "0 (measured better, docs/benchmarks.md)", sparse_outer.NAME,
+                        cfg.outer_momentum)
         try:
             chunked.check(cfg.density, cfg.outer_chunk, cfg.outer_bits or None)
             sparse_outer.check_decay(cfg.outer_decay)
