@@ -83,3 +83,47 @@ def test_compare_lm_workload_stops_at_its_budget(tmp_path, cluster_leaks):
     assert run["time_to_target_s"] is None  # a miss
     assert run["quality_at_budget"] is None  # the only evaluation came after the budget
     assert "missed (0.001 s)" in (tmp_path / "report.md").read_text()
+
+
+def test_compare_races_diloco_and_torchfts(tmp_path, cluster_leaks):
+    """DiLoCo with its options (hitopk outer step, two fragments, overlap) and torchft's DiLoCo
+    (which compare runs with its own recipe: one fragment, dense, no overlap) in one race;
+    2 nodes x 2 ranks, so DDP inside a node and the outer step across nodes both run."""
+    from thinwire.local_sgd.torchft_peer import available
+
+    algorithms = ["diloco"] + (["torchft-diloco"] if available() else [])
+    settings = CompareSettings(algorithms=algorithms, nodes=2, ranks_per_node=2,
+                               rates=["200mbit"], shaping=SHAPED, target=0.2, budget_s=120,
+                               stop_at_target=False, eval_every=4, timeout_s=300,
+                               train={"model": "mlp", "epochs": 1, "max_iters": 8,
+                                      "batch_size": 16, "sync_every": 4,
+                                      "outer_algorithm": "hitopk", "density": 0.1,
+                                      "fragments": 2, "overlap": True})
+    results = compare(settings, tmp_path, progress=False)
+    runs = {r["algorithm"]: r for r in results["runs"]}
+    assert list(runs) == algorithms
+    for run in runs.values():
+        assert run["status"] == "ok", run
+        assert run["steps"] == 8 and [p["step"] for p in run["curve"]] == [4, 8]
+        assert 0 < run["test_accuracy"] <= 1 and run["samples_per_s"] > 0
+    assert results["setting"]["sync_every"] == 4 and results["setting"]["fragments"] == 2
+    # thinwire's DiLoCo counts its own outer exchange (hitopk: selection and both link classes)
+    assert set(runs["diloco"]["step_split_ms"]) == {"compute", "selection", "intra_node",
+                                                    "inter_node", "idle"}
+    assert runs["diloco"]["inter_node_mb_per_iter"] > 0
+    if "torchft-diloco" in runs:
+        assert set(runs["torchft-diloco"]["step_split_ms"]) == {"compute", "sync"}
+    assert "diloco" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize("train,message", [
+    ({}, "--sync-every must be an integer >= 1 with --algorithm diloco, got 0"),
+    ({"sync_every": 4, "outer_algorithm": "ring"}, "--outer-algorithm must be one of"),
+])
+def test_compare_names_a_bad_diloco_setting_before_any_run(tmp_path, train, message):
+    settings = CompareSettings(algorithms=["diloco"], nodes=2, ranks_per_node=1, shaping=False,
+                               train={"model": "mlp", **train})
+    with pytest.raises(ValueError) as info:
+        compare(settings, tmp_path, progress=False)
+    assert message in str(info.value)
+    assert not (tmp_path / "runs").exists()

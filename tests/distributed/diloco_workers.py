@@ -19,8 +19,11 @@ from diloco_reference import inner_optimizer, loss_of, make_model
 def _setup(topo, group, config):
     model = DDP(make_model(), process_group=group)
     opt = inner_optimizer(model.parameters())
-    diloco = DiLoCo(model, opt, topology=topo, sync_options={"dense_below_bytes": 0},
-                    **config)
+    config = dict(config)
+    options = config.pop("sync_options", None)
+    if options is None:  # the sparse ones compress every bucket, however small
+        options = {} if config.get("algorithm") == "sparseloco" else {"dense_below_bytes": 0}
+    diloco = DiLoCo(model, opt, topology=topo, sync_options=options, **config)
     return model, opt, diloco
 
 

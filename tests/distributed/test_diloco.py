@@ -23,6 +23,17 @@ CONFIGS = [
     # density 1: top-k keeps everything, so the hierarchical sparse path must equal the dense one
     ("hitopk-full", dict(sync_every=H, algorithm="hitopk", density=1.0, selector="exact"),
      dict(sync_every=H, outer_lr=0.7, outer_momentum=0.9), 1e-10),
+    # SparseLoCo-style exchange: density 1 with float32 values and no decay is the exact
+    # average (up to the float32 rounding of what is sent)
+    ("sparseloco-full", dict(sync_every=H, algorithm="sparseloco", density=1.0,
+                             sync_options={"chunk": 16, "bits": None, "decay": 0.0}),
+     dict(sync_every=H, outer_lr=0.7, outer_momentum=0.9), 1e-6),
+    # compressed: chunked top-k of 2-bit values, decayed error feedback per rank, no momentum
+    ("sparseloco", dict(sync_every=H, algorithm="sparseloco", density=0.2, outer_lr=1.0,
+                        outer_momentum=0.0, fragments=2,
+                        sync_options={"chunk": 8, "bits": 2, "decay": 0.9}),
+     dict(sync_every=H, outer_lr=1.0, outer_momentum=0.0, fragments=2,
+          sparse=dict(density=0.2, chunk=8, bits=2, decay=0.9)), 1e-10),
     ("fp16-wire", dict(sync_every=H, algorithm="hier_allreduce", wire="fp16"),
      dict(sync_every=H, outer_lr=0.7, outer_momentum=0.9), 2e-3),
     ("streaming", dict(sync_every=H, fragments=2),

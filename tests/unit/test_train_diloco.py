@@ -27,7 +27,9 @@ def _saved(directory):
     # fragment 0 syncs after steps 2 and 6, fragment 1 after 4 and 8: the stop at 6 leaves
     # fragment 0's exchange in flight (checkpointed); the last one lands at the end (flush)
     (dict(fragments=2, overlap=True, sync_every=4, outer_algorithm="hitopk", density=0.1), 6, 4),
-], ids=["dense", "streaming-overlap-hitopk"])
+    (dict(outer_algorithm="sparseloco", density=0.1, outer_chunk=64, outer_bits=2,
+          outer_decay=0.9, outer_momentum=0.0, outer_lr=1.0), 4, 2),
+], ids=["dense", "streaming-overlap-hitopk", "sparseloco"])
 def test_diloco_train_resumes_exactly(tmp_path, changes, stop, exchanges):
     straight = _run(tmp_path, "straight", **changes)
     _run(tmp_path, "resumed", stop_after=stop, **changes)
@@ -45,9 +47,29 @@ def test_diloco_train_resumes_exactly(tmp_path, changes, stop, exchanges):
     (dict(outer_algorithm="ring"), "--outer-algorithm must be one of"),
     (dict(fragments=0), "--fragments must be an integer >= 1, got 0"),
     (dict(outer_momentum=1.0), "--outer-momentum must be in [0, 1), got 1.0"),
+    (dict(outer_algorithm="sparseloco", outer_bits=3), "bits must be None (float32 values) or "
+                                                       "one of 2, 4, 8, got 3"),
+    (dict(outer_algorithm="sparseloco", outer_decay=-0.1), "--outer-decay)"),
 ])
 def test_diloco_train_bad_options(changes, message):
     cfg = dict(model="mlp", algorithm="diloco", sync_every=3)
+    cfg.update(changes)
+    with pytest.raises(ValueError) as info:
+        TrainConfig(**cfg).validate()
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(sync_every=0), "--sync-every must be an integer >= 1 with --algorithm diloco, got 0"),
+    (dict(fragments=2), "--fragments must be 1 and --overlap off, got --fragments 2"),
+    (dict(overlap=True), "--fragments must be 1 and --overlap off, got --fragments 1 --overlap"),
+    (dict(outer_algorithm="hitopk"), "--outer-algorithm must be allreduce or hier_allreduce, "
+                                     "got 'hitopk'"),
+    (dict(checkpoint="ckpt"), "--algorithm torchft-diloco does not checkpoint"),
+])
+def test_torchft_diloco_train_bad_options(changes, message):
+    pytest.importorskip("torchft")
+    cfg = dict(model="mlp", algorithm="torchft-diloco", sync_every=3)
     cfg.update(changes)
     with pytest.raises(ValueError) as info:
         TrainConfig(**cfg).validate()

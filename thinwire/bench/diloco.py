@@ -19,6 +19,8 @@ import tempfile
 
 from thinwire.bench.report import format_table, save_if_asked
 
+SPARSE_OPTIONS = ("sparse_density", "chunk", "bits", "ef_decay", "sparse_outer_lr",
+                  "sparse_outer_momentum")
 COLUMNS = ("config", "s_per_step", "vs_hitopk_time", "inter_kb_per_step", "ddp_bytes_over",
            "final_bits", "time_to_target_s", "vs_hitopk_to_target")
 
@@ -29,7 +31,8 @@ def _time_to(curve: list[dict], target: float) -> float | None:
 
 def run(spec, configs, steps: int, batch: int, density: float, eval_every: int,
         target_bits: float | None, model: str = "transformer", lr: float = 3e-3,
-        outer_density: float | None = None, timeout_s: float = 3600) -> dict:
+        outer_density: float | None = None, timeout_s: float = 3600,
+        sparse: dict | None = None) -> dict:
     from thinwire.cluster import run as run_on_cluster
 
     with tempfile.TemporaryDirectory(prefix="thinwire-bench-diloco-") as tmp:
@@ -39,6 +42,8 @@ def run(spec, configs, steps: int, batch: int, density: float, eval_every: int,
                    "--eval-every", str(eval_every), "--lr", str(lr)]
         if outer_density is not None:
             command += ["--outer-density", str(outer_density)]
+        for key, value in (sparse or {}).items():  # the diloco-sparseloco-H settings
+            command += [f"--{key.replace('_', '-')}", str(value)]
         command += ["--configs", *configs]
         status = run_on_cluster(spec, command, timeout_s=timeout_s, output=sys.stderr)
         if status != 0:
@@ -65,7 +70,7 @@ def run(spec, configs, steps: int, batch: int, density: float, eval_every: int,
                          "inter_node_bandwidth": spec.inter_node_bandwidth,
                          "shaping": spec.shaping, "model": model, "steps": steps,
                          "batch": batch, "density": density, "outer_density": outer_density or density,
-                         "eval_every": eval_every,
+                         "eval_every": eval_every, "sparseloco": sparse,
                          "lr": lr, "target_bits": target}
     return result
 
@@ -112,7 +117,8 @@ def _main(args: argparse.Namespace) -> int:
         configs = args.configs or (["ddp", "hitopk"] + [f"diloco-{h}" for h in args.sync_every]
                                    + [f"diloco-hitopk-{h}" for h in args.sync_every])
         result = run(spec, configs, args.steps, args.batch, args.density, args.eval_every,
-                     args.target_bits, args.model, args.lr, args.outer_density)
+                     args.target_bits, args.model, args.lr, args.outer_density,
+                     sparse={k: getattr(args, k) for k in SPARSE_OPTIONS})
         print(format_table(result["rows"], COLUMNS))
     if args.torchft or args.torchft_only:
         result["torchft"] = torchft_outer_steps(repeats=args.repeats)
@@ -144,11 +150,25 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--outer-density", type=float, default=None,
                         help="density of the hitopk outer step (default: --density)")
     parser.add_argument("--configs", nargs="+", default=None,
-                        help="explicit list: ddp, hitopk, diloco-H, diloco-hitopk-H")
+                        help="explicit list: ddp, hitopk, diloco-H, diloco-hitopk-H, "
+                             "diloco-sparseloco-H")
+    parser.add_argument("--sparse-density", type=float, default=0.1,
+                        help="diloco-sparseloco-H: top-k density within each chunk")
+    parser.add_argument("--chunk", type=int, default=4096,
+                        help="diloco-sparseloco-H: elements per top-k chunk (<= 32768)")
+    parser.add_argument("--bits", type=int, default=2,
+                        help="diloco-sparseloco-H: bits per sent value, 2, 4 or 8 (0 = float32)")
+    parser.add_argument("--ef-decay", type=float, default=0.95,
+                        help="diloco-sparseloco-H: decay of the error-feedback residual")
+    parser.add_argument("--sparse-outer-lr", type=float, default=0.7,
+                        help="diloco-sparseloco-H: outer learning rate")
+    parser.add_argument("--sparse-outer-momentum", type=float, default=0.0,
+                        help="diloco-sparseloco-H: outer Nesterov momentum (SparseLoCo: 0)")
     parser.add_argument("--eval-every", type=int, default=20,
                         help="steps between held-out evaluations")
     parser.add_argument("--target-bits", type=float, default=None,
-                        help="bits per byte for time to target (not set: per-step hitopk's final value)")
+                        help="bits per byte for time to target (not set: per-step hitopk's "
+                             "final value)")
     parser.add_argument("--torchft", action="store_true",
                         help="also time thinwire's dense DiLoCo against torchft per outer step")
     parser.add_argument("--torchft-only", action="store_true",

@@ -5,9 +5,10 @@ Trains the same model from the same start on the same per-rank batches once per 
 * ``ddp``: DDP over all ranks with thinwire's ``allreduce`` hook (DDP's default all-reduce, with
   byte counters), every step;
 * ``hitopk``: DDP with HiTopKComm, every step;
-* ``diloco-H`` / ``diloco-hitopk-H``: DDP inside each node every step (its own group, no
-  inter-node bytes), DiLoCo across nodes every H steps with a dense hierarchical all-reduce or
-  HiTopKComm on the outer step.
+* ``diloco-H`` / ``diloco-hitopk-H`` / ``diloco-sparseloco-H``: DDP inside each node every
+  step (its own group, no inter-node bytes), DiLoCo across nodes every H steps with a dense
+  hierarchical all-reduce, HiTopKComm, or the SparseLoCo-style exchange (chunked top-k,
+  quantised values, decayed error feedback; outer lr/momentum of its own) on the outer step.
 
 Every configuration uses the same inner optimizer (AdamW). Held-out loss (bits per byte for the
 byte-level LM) is measured every ``--eval-every`` steps outside the timed region. Time per step
@@ -59,12 +60,20 @@ def _build(name: str, args, topo: Topology, intra):
     kind, h = name.rsplit("-", 1)
     model = DDP(net, process_group=intra)
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    outer = dict(algorithm="hier_allreduce") if kind == "diloco" else \
-        dict(algorithm="hitopk", density=args.outer_density or args.density,
-             # one exchange every H steps: compress every bucket, however small
-             sync_options={"dense_below_bytes": 0})
-    diloco = DiLoCo(model, inner, sync_every=int(h), outer_lr=args.outer_lr,
-                    outer_momentum=args.outer_momentum, topology=topo, **outer)
+    lr, momentum = args.outer_lr, args.outer_momentum
+    if kind == "diloco":
+        outer = dict(algorithm="hier_allreduce")
+    elif kind == "diloco-sparseloco":  # chunked top-k, quantised, decayed error feedback
+        outer = dict(algorithm="sparseloco", density=args.sparse_density,
+                     sync_options={"chunk": args.chunk, "decay": args.ef_decay,
+                                   "bits": args.bits or None})
+        lr, momentum = args.sparse_outer_lr, args.sparse_outer_momentum
+    else:
+        outer = dict(algorithm="hitopk", density=args.outer_density or args.density,
+                     # one exchange every H steps: compress every bucket, however small
+                     sync_options={"dense_below_bytes": 0})
+    diloco = DiLoCo(model, inner, sync_every=int(h), outer_lr=lr, outer_momentum=momentum,
+                    topology=topo, **outer)
     return model, inner, diloco, diloco.state
 
 
@@ -117,6 +126,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="density of the hitopk outer step (default: --density)")
     parser.add_argument("--outer-lr", type=float, default=0.7)
     parser.add_argument("--outer-momentum", type=float, default=0.9)
+    parser.add_argument("--sparse-density", type=float, default=0.1)
+    parser.add_argument("--chunk", type=int, default=4096)
+    parser.add_argument("--bits", type=int, default=2, help="0 = float32 values")
+    parser.add_argument("--ef-decay", type=float, default=0.95)
+    parser.add_argument("--sparse-outer-lr", type=float, default=0.7)
+    parser.add_argument("--sparse-outer-momentum", type=float, default=0.0)
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--eval-blocks", type=int, default=256)
     args = parser.parse_args(argv)

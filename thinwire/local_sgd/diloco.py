@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from thinwire import collectives
+from thinwire.local_sgd import sparse_outer
 from thinwire.local_sgd.exchange import Exchange
 from thinwire.local_sgd.fragments import check_schedule, phase, split
 from thinwire.state import SyncState
@@ -82,18 +83,22 @@ class DiLoCo:
                              f"got {delay}")
         self.fragments = split(self.params, fragments)  # checks fragments first
         check_schedule(sync_every, fragments, overlap, delay)
-        if algorithm in collectives.sparse_names() and density is None:
+        if (algorithm in collectives.sparse_names() or algorithm == sparse_outer.NAME) \
+                and density is None:
             raise ValueError(f"density is required with the sparse algorithm {algorithm!r} "
                              "(a number in (0, 1], e.g. 0.01)")
         options = dict(sync_options or {})
         if wire is not None:
             options["wire"] = wire
-        if density is not None:
+        if density is not None and algorithm != sparse_outer.NAME:
             options.update(density=density, selector=selector)
         if topology is None:
             from thinwire.topology import Topology
             topology = Topology.build()
-        self.state = SyncState(topology, algorithm, **options)
+        if algorithm == sparse_outer.NAME:  # chunk, bits, decay come in sync_options
+            self.state = sparse_outer.SparseOuterState(topology, density, **options)
+        else:
+            self.state = SyncState(topology, algorithm, **options)
         self.sync_every, self.overlap, self.delay = sync_every, bool(overlap), delay
         self.outer_lr, self.outer_momentum = float(outer_lr), float(outer_momentum)
         self.nesterov, self.local_weight = bool(nesterov), float(local_weight)

@@ -4,12 +4,16 @@ loop's own optimizer (so the loop's step code stays as it is)."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 from torch.nn.parallel import DistributedDataParallel
 
 from thinwire import collectives
+from thinwire.local_sgd import chunked, sparse_outer
 from thinwire.local_sgd.diloco import DiLoCo, node_group
+
+log = logging.getLogger(__name__)
 
 
 def check_config(cfg) -> None:
@@ -18,9 +22,22 @@ def check_config(cfg) -> None:
             or cfg.sync_every < 1:
         raise ValueError(f"--sync-every must be an integer >= 1 with --algorithm diloco, got "
                          f"{cfg.sync_every!r}")
-    if cfg.outer_algorithm not in collectives.names():
-        raise ValueError(f"--outer-algorithm must be one of {', '.join(collectives.names())}, got "
+    allowed = collectives.names() + (sparse_outer.NAME,)
+    if cfg.outer_algorithm not in allowed:
+        raise ValueError(f"--outer-algorithm must be one of {', '.join(allowed)}, got "
                          f"{cfg.outer_algorithm!r}")
+    if cfg.outer_algorithm == sparse_outer.NAME:
+        if cfg.outer_momentum:
+            log.warning("--outer-algorithm %s with --outer-momentum %g: its decayed residual "
+                        "already plays outer momentum's part; SparseLoCo uses --outer-momentum "
+                        "0 (measured better, docs/benchmarks.md)", sparse_outer.NAME,
+                        cfg.outer_momentum)
+        try:
+            chunked.check(cfg.density, cfg.outer_chunk, cfg.outer_bits or None)
+            sparse_outer.check_decay(cfg.outer_decay)
+        except ValueError as exc:  # the CLI's names for the settings
+            raise ValueError(f"--outer-algorithm {sparse_outer.NAME}: {exc} (--density, "
+                             f"--outer-chunk, --outer-bits, --outer-decay)") from None
     if not (math.isfinite(cfg.outer_lr) and cfg.outer_lr > 0):
         raise ValueError(f"--outer-lr must be a number > 0, got {cfg.outer_lr!r}")
     if not 0 <= cfg.outer_momentum < 1:
@@ -41,12 +58,15 @@ class DiLoCoSync:
 
     def attach(self, optimizer) -> None:
         cfg = self.cfg
-        sparse = cfg.outer_algorithm in collectives.sparse_names()
+        sparse = cfg.outer_algorithm in collectives.sparse_names() + (sparse_outer.NAME,)
+        options = {"chunk": cfg.outer_chunk, "bits": cfg.outer_bits or None,
+                   "decay": cfg.outer_decay} if cfg.outer_algorithm == sparse_outer.NAME else None
         self.diloco = DiLoCo(
             self.model, optimizer, sync_every=cfg.sync_every, outer_lr=cfg.outer_lr,
             outer_momentum=cfg.outer_momentum, algorithm=cfg.outer_algorithm,
             density=cfg.density if sparse else None, selector=cfg.selector,
-            fragments=cfg.fragments, overlap=cfg.overlap, topology=self.topology)
+            fragments=cfg.fragments, overlap=cfg.overlap, topology=self.topology,
+            sync_options=options)
         optimizer.register_step_post_hook(lambda *_: self.diloco.step())
 
     def flush(self) -> None:

@@ -55,6 +55,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--scaling-nodes", type=_scaling_nodes,
                    default=",".join(map(str, SCALING_NODES)),
                    help="node counts of the scaling table (comma-separated)")
+    p.add_argument("--diloco-sync-every", type=integer(0, 1 << 20), default=0, metavar="H",
+                   help="also predict DiLoCo with an outer step every H inner steps, for each "
+                        "--outer-algorithm (0 = no DiLoCo rows)")
+    p.add_argument("--outer-algorithm", action="append", default=None,
+                   help="DiLoCo's outer exchange (repeat for several; default hier_allreduce; "
+                        "sparse ones use --density)")
+    p.add_argument("--diloco-fragments", type=integer(1, 1 << 20), default=1, metavar="F",
+                   help="Streaming DiLoCo: fragments exchanged at staggered steps")
+    p.add_argument("--diloco-overlap", action="store_true",
+                   help="Streaming DiLoCo: each exchange runs behind the next inner step")
     p.add_argument("--calibrate", nargs="+", metavar="RESULTS_JSON", default=None,
                    help="fit to `thinwire compare` results instead of simulating")
     p.add_argument("--overlap", default="auto", choices=("auto", "ddp", "none"),
@@ -111,13 +121,23 @@ def run_simulate(args) -> dict:
     breakdown = [simulate(layers, cluster, net, cfg, rates, **options) for cfg in configs]
     rows = scaling(layers, args.gpus_per_node, net, configs, rates,
                    _node_list(args.scaling_nodes), **options)
+    if args.diloco_sync_every:  # DiLoCo rows beside the per-step algorithms'
+        from thinwire.sim.diloco import simulate_diloco
+        schedule = {"sync_every": args.diloco_sync_every, "fragments": args.diloco_fragments,
+                    "overlap": args.diloco_overlap, "bucket_bytes": options["bucket_bytes"],
+                    "batch_size": batch}
+        for name in args.outer_algorithm or ["hier_allreduce"]:
+            outer = AlgorithmConfig(name, density=args.density, wire=wire)
+            breakdown.append(simulate_diloco(layers, cluster, net, outer, rates, **schedule))
+            rows += [simulate_diloco(layers, Cluster(m, args.gpus_per_node), net, outer, rates,
+                                     **schedule) for m in _node_list(args.scaling_nodes)]
     setting = {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node,
                "network": args.network, "inter_bandwidth_Bps": net.inter.bandwidth,
                "inter_alpha_s": net.inter.alpha, "intra_bandwidth_Bps": net.intra.bandwidth,
                "intra_alpha_s": net.intra.alpha, "model": args.model, "device": args.device,
                "compute": compute_note, "batch_size_per_gpu": batch, "density": args.density,
                "wire": args.wire, "bucket_mb": args.bucket_mb, "overlap": not args.no_overlap,
-               "selection": vars(rates)}
+               "selection": vars(rates), "diloco_sync_every": args.diloco_sync_every}
     return {"setting": setting, "breakdown": breakdown, "scaling": rows}
 
 

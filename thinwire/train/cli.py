@@ -71,7 +71,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workload", default="mnist", help=f"{', '.join(workloads.WORKLOADS)}, a "
                    "comma-separated list, or all")
     p.add_argument("--algorithms", default=",".join(s.algorithms), metavar="LIST",
-                   help="comma-separated")
+                   help="comma-separated; also diloco and torchft-diloco (not raced by "
+                        "default: they need --sync-every)")
     p.add_argument("--target", type=float, default=None, help="target quality (accuracy in "
                    "(0, 1], or bits per byte in (0, 8]); None: the workload's")
     p.add_argument("--budget-s", type=float, default=None, metavar="SECONDS",

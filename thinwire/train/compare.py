@@ -41,6 +41,18 @@ def default_algorithms() -> list[str]:
     """PyTorch's peers, then every algorithm in thinwire's registry (read when needed, so an
     algorithm registered later is raced too)."""
     return list(grad_sync.TORCH_ALGORITHMS) + list(collectives.names())
+
+
+# Not in the default race (each needs --sync-every): DiLoCo across nodes, thinwire's (its outer
+# exchange any thinwire algorithm) and torchft's (thinwire.local_sgd.torchft_train).
+LOCAL_SGD_ALGORITHMS = ("diloco", "torchft-diloco")
+
+
+def algorithm_names() -> tuple[str, ...]:
+    """Every name ``--algorithms`` takes."""
+    return grad_sync.algorithm_names() + LOCAL_SGD_ALGORITHMS
+
+
 DEFAULT_RATE = "200mbit"  # ddp spends most of its step on the wire here (docs/benchmarks.md)
 DEFAULT_LR_GRID = (0.5, 1.0, 2.0)  # multiples of the workload's learning rate
 # TrainConfig fields compare sets for each run itself; every other field is a user override.
@@ -75,9 +87,9 @@ class CompareSettings:
         if not self.algorithms:
             raise ValueError("--algorithms must name at least one algorithm")
         for name in self.algorithms:
-            if name not in grad_sync.algorithm_names():
+            if name not in algorithm_names():
                 raise ValueError(f"--algorithms: unknown algorithm {name!r}; allowed: "
-                                 f"{', '.join(grad_sync.algorithm_names())}")
+                                 f"{', '.join(algorithm_names())}")
         if len(set(self.algorithms)) != len(self.algorithms):
             raise ValueError(f"--algorithms lists an algorithm twice: {self.algorithms}")
         unknown = sorted(set(self.train) - set(TRAIN_FIELDS))
@@ -134,6 +146,8 @@ class CompareSettings:
             extra = {"momentum_correction": False, "dense_warmup_steps": 0}
         if not grad_sync.is_thinwire(algorithm):  # PyTorch's peers have their own wire format
             extra["wire"] = "none"
+        if algorithm == "torchft-diloco":  # torchft's recipe: one fragment, dense, no overlap
+            extra.update(outer_algorithm="allreduce", fragments=1, overlap=False)
         return dataclasses.replace(
             base, algorithm=algorithm, lr=base.lr if lr is None else lr,
             seed=base.seed if seed is None else seed, progress=False, log_every=1,

@@ -67,12 +67,18 @@ class TrainConfig:
     outer_momentum: float = 0.9
     fragments: int = 1
     overlap: bool = False
+    outer_chunk: int = 4096          # --outer-algorithm sparseloco: top-k chunk, value bits
+    outer_bits: int = 2              # (0 = float32) and error-feedback decay
+    outer_decay: float = 0.95
 
     def validate(self) -> "TrainConfig":
         models.check_model(self.model)
         if self.algorithm == "diloco":
             from thinwire.local_sgd.train_adapter import check_config
             check_config(self)
+        elif self.algorithm == "torchft-diloco":
+            from thinwire.local_sgd.torchft_train import check_config as check_torchft
+            check_torchft(self)
         else:
             grad_sync.check_algorithm(self.algorithm)
         self.density = grad_sync.check_density(self.density)
@@ -177,7 +183,8 @@ def add_arguments(parser: argparse.ArgumentParser, exclude: tuple = ()) -> None:
     # Choices are checked in TrainConfig.validate (one message style for CLI and Python).
     a("--model", default=d.model, help=f"one of {', '.join(models.MODELS)} (default {d.model})")
     a("--algorithm", default=d.algorithm,
-      help=f"one of {', '.join(grad_sync.algorithm_names())}, diloco (default {d.algorithm})")
+      help=f"one of {', '.join(grad_sync.algorithm_names())}, diloco, torchft-diloco "
+           f"(default {d.algorithm})")
     a("--density", type=float, default=d.density, help="top-k density for the sparse algorithms")
     a("--selector", default=d.selector, help=f"top-k selector: {', '.join(grad_sync.SELECTORS)}")
     a("--wire", default=d.wire, help=f"thinwire's algorithms: dtype of the dense parts on the "
@@ -234,6 +241,12 @@ def add_arguments(parser: argparse.ArgumentParser, exclude: tuple = ()) -> None:
     a("--fragments", type=int, default=d.fragments, help="Streaming DiLoCo fragments")
     a("--overlap", action="store_true",
       help="--algorithm diloco: a fragment's exchange overlaps the next inner step")
+    a("--outer-chunk", type=int, default=d.outer_chunk,
+      help="--outer-algorithm sparseloco: elements per top-k chunk (--density within each)")
+    a("--outer-bits", type=int, default=d.outer_bits,
+      help="--outer-algorithm sparseloco: bits per sent value, 2, 4 or 8 (0 = float32)")
+    a("--outer-decay", type=float, default=d.outer_decay,
+      help="--outer-algorithm sparseloco: decay of the error-feedback residual, in [0, 1]")
 
 
 def add_config_file(parser: argparse.ArgumentParser, argv: list[str] | None) -> None:

@@ -195,6 +195,11 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
         from thinwire.topology import Topology
         sync = DiLoCoSync(cfg, module, Topology.build(cfg.ranks_per_node), device_ids)
         model = sync.model
+    elif cfg.algorithm == "torchft-diloco":  # the same, with torchft's DiLoCo across nodes
+        from thinwire.local_sgd.torchft_train import TorchftDiLoCoSync
+        from thinwire.topology import Topology
+        sync = TorchftDiLoCoSync(cfg, module, Topology.build(cfg.ranks_per_node), device_ids)
+        model = sync.model
     else:
         model = DistributedDataParallel(module, device_ids=device_ids)
         sync = grad_sync.register(model, cfg.algorithm, cfg.density, cfg.selector,
@@ -203,7 +208,7 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
                                   cfg.dense_warmup_steps,
                                   cfg.weight_decay if cfg.momentum_correction else 0.0,
                                   wire=cfg.wire)
-    if cfg.algorithm == "diloco":
+    if cfg.algorithm in ("diloco", "torchft-diloco"):
         sync.attach(opt)  # a post-step hook on opt runs the outer step
     scaler = torch.amp.GradScaler("cuda") if cfg.amp == "fp16" else None
     metrics = Metrics(cfg, rank, world, total_steps, steps_per_epoch)
@@ -280,6 +285,8 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
                               stopped=stopped)
     metrics.close()
     dist.barrier()
+    if cfg.algorithm == "torchft-diloco":
+        sync.close()  # torchft's managers and lighthouse stop while every rank is here
     return summary if rank == 0 else {}
 
 

@@ -1,0 +1,133 @@
+"""`thinwire train --algorithm torchft-diloco`: torchft's DiLoCo as a training run, the peer that
+`thinwire compare` races thinwire's DiLoCo against.
+
+The same node structure as `--algorithm diloco`: DDP inside each node on thinwire's node group,
+every step; across nodes torchft's own machinery, set up the way torchft's docs deploy it:
+
+* one Lighthouse for the job, run by global rank 0 on the master address;
+* per node a replica group: a TCPStore hosted by the node's local rank 0 on the node's own
+  address (torchft configures its cross-node process groups through it), and on every rank a
+  ``Manager`` (synchronous quorum, ``init_sync=False``: the nodes start from the same seeded
+  model) with a ``ProcessGroupGloo``;
+* ``torchft.local_sgd.DiLoCo`` with an SGD Nesterov outer optimizer, driven by its post-step
+  hook on the loop's optimizer. Local rank i of every node all-reduces the whole
+  pseudo-gradient with local rank i of the others (torchft's design: no hierarchy).
+
+Addresses travel through the run's default store. torchft has no byte counters (the run's
+inter-node bytes come from the interface counters on the shaped cluster) and no resumable
+state here: checkpointing is refused by TrainConfig.validate.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from thinwire.local_sgd.diloco import node_group
+from thinwire.local_sgd.torchft_peer import MISSING, available
+
+log = logging.getLogger(__name__)
+
+KEY = "thinwire/torchft"
+TIMEOUT = timedelta(seconds=120)
+
+
+def check_config(cfg) -> None:
+    """What torchft's DiLoCo here cannot do, named (the rest as --algorithm diloco)."""
+    from thinwire.local_sgd.train_adapter import check_config as check_diloco
+
+    check_diloco(cfg)
+    if not available():
+        raise ValueError(f"--algorithm torchft-diloco: {MISSING}")
+    if cfg.fragments != 1 or cfg.overlap:
+        raise ValueError(f"--algorithm torchft-diloco runs torchft's plain DiLoCo: --fragments "
+                         f"must be 1 and --overlap off, got --fragments {cfg.fragments}"
+                         f"{' --overlap' if cfg.overlap else ''}")
+    if cfg.outer_algorithm not in ("allreduce", "hier_allreduce"):
+        raise ValueError(f"--algorithm torchft-diloco all-reduces the pseudo-gradient densely "
+                         f"(torchft's own): --outer-algorithm must be allreduce or "
+                         f"hier_allreduce, got {cfg.outer_algorithm!r}")
+    if cfg.checkpoint or cfg.resume:
+        raise ValueError("--algorithm torchft-diloco does not checkpoint (torchft keeps its "
+                         "own state): drop --checkpoint / --resume")
+
+
+def _own_address() -> str:
+    """This node's address on the route to the master (its interface on the cluster)."""
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((master, 9))  # UDP: no packet is sent, only the route is chosen
+        return probe.getsockname()[0]
+
+
+class TorchftDiLoCoSync:
+    """The loop's ``Sync`` for torchft's DiLoCo: builds DDP now, torchft once the optimizer
+    exists (:meth:`attach`), tears torchft down in :meth:`close`."""
+
+    def __init__(self, cfg, module, topology, device_ids=None):
+        self.cfg, self.topology, self.module = cfg, topology, module
+        self.model = DistributedDataParallel(module, device_ids=device_ids,
+                                             process_group=node_group(topology))
+        self._lighthouse = self._store = self._manager = self._diloco = None
+
+    def attach(self, optimizer) -> None:
+        from torchft import Manager, ProcessGroupGloo
+        from torchft.local_sgd import DiLoCo
+
+        store = dist.distributed_c10d._get_default_store()
+        topo, rank = self.topology, dist.get_rank()
+        node, local = rank // topo.ranks_per_node, rank % topo.ranks_per_node
+        address = _own_address()
+        if rank == 0:
+            from torchft.coordination import LighthouseServer
+            self._lighthouse = LighthouseServer(bind="[::]:0", min_replicas=topo.nodes)
+            port = self._lighthouse.address().rsplit(":", 1)[1]
+            store.set(f"{KEY}/lighthouse", f"http://{address}:{port}")
+        if local == 0:
+            self._store = dist.TCPStore(address, 0, is_master=True, wait_for_workers=False)
+            store.set(f"{KEY}/store/{node}", f"{address}:{self._store.port}")
+        lighthouse = store.get(f"{KEY}/lighthouse").decode()
+        store_addr, store_port = store.get(f"{KEY}/store/{node}").decode().rsplit(":", 1)
+        module = self.module
+        self._manager = Manager(
+            pg=ProcessGroupGloo(timeout=TIMEOUT),
+            load_state_dict=lambda s: module.load_state_dict(s["model"]),
+            state_dict=lambda: {"model": module.state_dict()},
+            min_replica_size=topo.nodes, use_async_quorum=False, replica_id=f"node{node}",
+            store_addr=store_addr, store_port=int(store_port), rank=local,
+            world_size=topo.ranks_per_node, lighthouse_addr=lighthouse, hostname=address,
+            timeout=TIMEOUT, init_sync=False)
+        outer = torch.optim.SGD(module.parameters(), lr=self.cfg.outer_lr,
+                                momentum=self.cfg.outer_momentum, nesterov=True)
+        self._diloco = DiLoCo(self._manager, [module], optimizer, outer,
+                              sync_every=self.cfg.sync_every)
+        self._diloco.__enter__()  # registers its hooks on the loop's optimizer
+
+    def flush(self) -> None:
+        """Nothing in flight: torchft's DiLoCo syncs inside the optimizer step."""
+
+    def state_dict(self):
+        raise RuntimeError("torchft-diloco does not checkpoint")  # refused by validate first
+
+    def load_state_dict(self, saved) -> None:
+        raise RuntimeError("torchft-diloco does not checkpoint")
+
+    def totals(self) -> None:
+        return None  # no thinwire counters: the interface counters measure the bytes
+
+    def close(self) -> None:
+        """Collective: every rank's manager stops before rank 0 stops the lighthouse."""
+        if self._diloco is not None:
+            self._diloco.__exit__(None, None, None)
+        if self._manager is not None:
+            self._manager.shutdown(wait=False)
+        dist.barrier()
+        if self._lighthouse is not None:
+            self._lighthouse.shutdown()
+        self._store = self._manager = self._diloco = self._lighthouse = None
