@@ -170,9 +170,13 @@ def _check_bytes(results, algorithm, m, n, refs):
                 volume = (w - 1) * _packed(math.ceil(DENSITY * d), b)
                 inter += volume if last_local else 0
                 intra += 0 if last_local else volume
-            else:  # hitopk: 2(n-1)/n d intra, 2(m-1) * density*d/n entries inter
-                intra += 2 * (n - 1) / n * padded * b
-                inter += (m - 1) * _packed(math.ceil(DENSITY * padded / n), b)
+            else:  # hitopk: (n-1)/n d intra (reduce-scatter), (m-1) blocks of density*d/n
+                # entries inter, then the m received blocks all-gathered inside the node (they
+                # are smaller than the dense shard at this density)
+                block = _packed(math.ceil(DENSITY * padded / n), b)
+                assert m * block < padded / n * b
+                intra += (n - 1) / n * padded * b + (n - 1) * m * block
+                inter += (m - 1) * block
         assert result["last_step"]["bytes_intra"] == pytest.approx(intra)
         assert result["last_step"]["bytes_inter"] == pytest.approx(inter)
 
