@@ -272,3 +272,37 @@ def test_synchronize_equals_the_ddp_hook_for_the_same_settings(settings):
     for result in run_ranks(workers.synchronize_equals_hook, 4, 2, settings):
         for hook, sync in zip(result["hook"], result["synchronize"]):
             torch.testing.assert_close(hook, sync, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("algorithm", ["hitopk", "topk_allgather"])
+def test_density_warmup_matches_the_reference_step_by_step(algorithm):
+    """DGC's density warm-up (0.4 -> 0.05 over 3 steps, then 0.05): every rank holds the float64
+    reference run at each step's density, and error feedback conserves every gradient. At 0.4
+    hitopk's result returns inside the node densely, at 0.05 as the received selections."""
+    settings = dict(density=DENSITY, density_warmup_steps=3, density_warmup_from=0.4)
+    results = run_ranks(workers.sync_with_settings, 4, 2, algorithm, LENGTHS, STEPS + 1,
+                        settings)
+    assert results[0]["densities"] == pytest.approx([0.4, 0.2, 0.1, DENSITY])
+    refs = [Reference(algorithm, 2, 2, DENSITY) for _ in LENGTHS]
+    for step in range(STEPS + 1):
+        grads = [gradient(r, step, sum(LENGTHS)).split(LENGTHS) for r in range(4)]
+        for i, ref in enumerate(refs):
+            ref.density = results[0]["densities"][step]
+            want = ref.step([g[i] for g in grads])
+            for result in results:
+                torch.testing.assert_close(result["grads"][step][i], want, rtol=0, atol=1e-12)
+    for i, length in enumerate(LENGTHS):  # applied (times W) + held back = every raw gradient
+        raw = sum(gradient(r, s, sum(LENGTHS)).split(LENGTHS)[i]
+                  for r in range(4) for s in range(STEPS + 1))
+        applied = sum(results[0]["grads"][s][i] for s in range(STEPS + 1)) * 4
+        torch.testing.assert_close(applied + refs[i].held_back(length), raw, rtol=0, atol=1e-10)
+        held = torch.zeros(length, dtype=torch.float64)
+        for result in results:
+            residual = result["feedback"]["residuals"][len(LENGTHS) - 1 - i]
+            if algorithm == "hitopk":
+                start = result["topology"][2] * residual.numel()
+                piece = residual[:max(0, length - start)]
+                held[start:start + piece.numel()] += piece
+            else:
+                held += residual
+        torch.testing.assert_close(held, refs[i].held_back(length), rtol=0, atol=1e-12)
