@@ -199,7 +199,7 @@ class SyncState:
         selection would fail on one rank only and leave the others waiting)."""
         topo = self.topology
         flags = torch.zeros(topo.world_size, dtype=torch.float32, device=flat.device)
-        flags[topo.rank] = 0.0 if bool(torch.isfinite(flat).all()) else 1.0
+        flags[topo.rank] = 0.0 if _all_finite(flat) else 1.0
         if topo.world_size > 1:
             with self.timer("inter" if topo.nodes > 1 else "intra"):
                 dist.all_reduce(flags, group=topo.world)
@@ -300,6 +300,14 @@ class SyncState:
         self.feedback.load_state_dict(state["feedback"])
         self.algorithm_state = {int(i): dict(s)
                                 for i, s in state.get("algorithm_state", {}).items()}
+
+
+def _all_finite(flat: torch.Tensor) -> bool:
+    """Whether every entry is finite. A sum reads the bucket once and is finite whenever every
+    entry is (NaN and Inf propagate); only a non-finite sum (a NaN/Inf, or an overflow of
+    finite entries) needs the exact check, which writes a mask of the whole bucket (5x slower
+    on the CPU: ~7 ms for a 1.6M-entry bucket here, every step, on every rank)."""
+    return bool(torch.isfinite(flat.sum())) or bool(torch.isfinite(flat).all())
 
 
 def _empty_step() -> dict:

@@ -182,3 +182,13 @@ def test_state_dict_holds_every_setting():
     assert restored.steps == 0
     with pytest.raises(ValueError, match=r"steps must be an int >= 0, got -7"):
         restored.load_state_dict({**saved, "steps": -7})
+
+
+def test_the_finite_check_is_exact_also_where_the_fast_sum_overflows():
+    from thinwire.state import _all_finite
+
+    assert _all_finite(torch.full((10,), 3e38))  # the sum overflows; every entry is finite
+    assert _all_finite(torch.randn(1000, dtype=torch.float64))
+    assert not _all_finite(torch.tensor([1.0, float("nan")]))
+    assert not _all_finite(torch.tensor([float("inf"), -float("inf")]))  # the sum is NaN
+    assert not _all_finite(torch.tensor([3e38, 3e38, float("inf")], dtype=torch.float32))
