@@ -122,7 +122,7 @@ class CompareSettings:
         wl = workloads.WORKLOADS[self.workload]
         return dataclasses.replace(TrainConfig(), **{
             "model": wl.model, "epochs": wl.epochs, "batch_size": wl.batch_size, "lr": wl.lr,
-            **self.train})
+            **wl.sparse, **self.train})
 
     def run_config(self, algorithm: str, lr: float | None = None,
                    seed: int | None = None) -> TrainConfig:
