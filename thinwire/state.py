@@ -37,6 +37,15 @@ def _check_int(name: str, value, low: int = 0) -> int:
     return value
 
 
+def _check_warmup_from(value, density: float, steps: int) -> float:
+    """A density in (0, 1]; with a warm-up (steps > 0) at least the final density."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not 0 < value <= 1 or (steps and value < density):
+        raise ValueError(f"density_warmup_from must be a number in [density, 1] (density="
+                         f"{density!r}), got {value!r}")
+    return float(value)
+
+
 def _check_finite(name: str, value, low: float = 0.0) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
             not math.isfinite(value) or value < low:
@@ -55,6 +64,10 @@ class SyncState:
     * ``momentum_correction``: DGC's momentum in the hook (sparse, with error feedback); the
       optimizer then runs without momentum;
     * ``dense_iterations``: the first N steps are all-reduced densely (a warm-up);
+    * ``density_warmup_steps``, ``density_warmup_from``: DGC's density warm-up (sparse
+      algorithms): for N steps after the dense ones the density falls exponentially from
+      ``density_warmup_from`` to ``density`` (step t of the warm-up selects at
+      ``from * (density / from) ** (t / N)``), instead of jumping to the final density;
     * ``weight_decay``: ``wd * p`` added to every gradient before any momentum (the optimizer's
       own weight decay must then be 0);
     * ``nonfinite``: what a NaN/Inf in any rank's gradient does, decided by all ranks together
@@ -72,7 +85,8 @@ class SyncState:
                  dense_below_bytes: int = DEFAULT_DENSE_BELOW_BYTES,
                  momentum_correction: float = 0.0, dense_iterations: int = 0,
                  weight_decay: float = 0.0, nonfinite: str = "raise",
-                 algorithm_options: dict | None = None):
+                 algorithm_options: dict | None = None, density_warmup_steps: int = 0,
+                 density_warmup_from: float = 0.25):
         spec = collectives.get(algorithm)
         if not isinstance(error_feedback, bool):
             raise ValueError(f"error_feedback must be True or False, got {error_feedback!r}")
@@ -84,6 +98,13 @@ class SyncState:
         self.wire_dtype = wire_dtype(wire)
         self.dense_below_bytes = _check_int("dense_below_bytes", dense_below_bytes)
         self.dense_iterations = _check_int("dense_iterations", dense_iterations)
+        self.density_warmup_steps = _check_int("density_warmup_steps", density_warmup_steps)
+        if self.density_warmup_steps and not spec.sparse:
+            raise ValueError(f"density_warmup_steps applies to the sparse algorithms "
+                             f"({', '.join(collectives.sparse_names())}), got algorithm="
+                             f"{algorithm!r}, density_warmup_steps={density_warmup_steps!r}")
+        self.density_warmup_from = _check_warmup_from(
+            density_warmup_from, self.compressor.density, self.density_warmup_steps)
         self.weight_decay = _check_finite("weight_decay", weight_decay)
         if momentum_correction and not (spec.sparse and error_feedback):
             raise ValueError(f"momentum_correction needs a sparse algorithm with error feedback "
@@ -115,7 +136,10 @@ class SyncState:
                 "error_feedback": self.error_feedback,
                 "dense_below_bytes": self.dense_below_bytes,
                 "momentum_correction": self.feedback.momentum,
-                "dense_iterations": self.dense_iterations, "weight_decay": self.weight_decay,
+                "dense_iterations": self.dense_iterations,
+                "density_warmup_steps": self.density_warmup_steps,
+                "density_warmup_from": self.density_warmup_from,
+                "weight_decay": self.weight_decay,
                 "nonfinite": self.nonfinite,
                 "algorithm_options": dict(self.algorithm_options)}
 
@@ -148,14 +172,34 @@ class SyncState:
             return torch.zeros_like(flat)  # policy "skip" (or it raised)
         if self.steps < self.dense_iterations:
             return self.feedback.dense_momentum(bucket_index, dense_allreduce(self, flat))
-        return collectives.get(self.algorithm).reduce(self, bucket_index, flat)
+        algorithm = collectives.get(self.algorithm)
+        density = self.density_at(self.steps)
+        if density == self.compressor.density:
+            return algorithm.reduce(self, bucket_index, flat)
+        # A warm-up step: the algorithms read state.compressor, so it is this step's for the
+        # length of the call (buckets are reduced one at a time, by one thread).
+        configured = self.compressor
+        self.compressor = TopK(density, configured.selector, dict(configured.options))
+        try:
+            return algorithm.reduce(self, bucket_index, flat)
+        finally:
+            self.compressor = configured
+
+    def density_at(self, step: int) -> float:
+        """The top-k density of ``step`` (the density warm-up's, or the configured one)."""
+        t = step - self.dense_iterations
+        final = self.compressor.density
+        if not 0 <= t < self.density_warmup_steps or self.density_warmup_from <= final:
+            return final
+        start = self.density_warmup_from
+        return start * (final / start) ** (t / self.density_warmup_steps)
 
     def _any_rank_nonfinite(self, flat: torch.Tensor) -> bool:
         """All ranks learn together whether any rank's bucket holds a NaN or Inf (a sparse
         selection would fail on one rank only and leave the others waiting)."""
         topo = self.topology
         flags = torch.zeros(topo.world_size, dtype=torch.float32, device=flat.device)
-        flags[topo.rank] = 0.0 if bool(torch.isfinite(flat).all()) else 1.0
+        flags[topo.rank] = 0.0 if _all_finite(flat) else 1.0
         if topo.world_size > 1:
             with self.timer("inter" if topo.nodes > 1 else "intra"):
                 dist.all_reduce(flags, group=topo.world)
@@ -227,6 +271,7 @@ class SyncState:
     def __setstate__(self, state):
         # settings added later keep their old behaviour in pickles written before them
         for name, default in (("nonfinite", "raise"), ("dense_iterations", 0),
+                              ("density_warmup_steps", 0), ("density_warmup_from", 0.25),
                               ("weight_decay", 0.0), ("_bucket", None),
                               ("algorithm_options", {}), ("algorithm_state", {})):
             state.setdefault(name, default)
@@ -264,6 +309,14 @@ class SyncState:
         self.feedback.load_state_dict(state["feedback"])
         self.algorithm_state = {int(i): dict(s)
                                 for i, s in state.get("algorithm_state", {}).items()}
+
+
+def _all_finite(flat: torch.Tensor) -> bool:
+    """Whether every entry is finite. A sum reads the bucket once and is finite whenever every
+    entry is (NaN and Inf propagate); only a non-finite sum (a NaN/Inf, or an overflow of
+    finite entries) needs the exact check, which writes a mask of the whole bucket (5x slower
+    on the CPU: ~7 ms for a 1.6M-entry bucket here, every step, on every rank)."""
+    return bool(torch.isfinite(flat.sum())) or bool(torch.isfinite(flat).all())
 
 
 def _empty_step() -> dict:

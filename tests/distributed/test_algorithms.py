@@ -170,9 +170,13 @@ def _check_bytes(results, algorithm, m, n, refs):
                 volume = (w - 1) * _packed(math.ceil(DENSITY * d), b)
                 inter += volume if last_local else 0
                 intra += 0 if last_local else volume
-            else:  # hitopk: 2(n-1)/n d intra, 2(m-1) * density*d/n entries inter
-                intra += 2 * (n - 1) / n * padded * b
-                inter += (m - 1) * _packed(math.ceil(DENSITY * padded / n), b)
+            else:  # hitopk: (n-1)/n d intra (reduce-scatter), (m-1) blocks of density*d/n
+                # entries inter, then the m received blocks all-gathered inside the node (they
+                # are smaller than the dense shard at this density)
+                block = _packed(math.ceil(DENSITY * padded / n), b)
+                assert m * block < padded / n * b
+                intra += (n - 1) / n * padded * b + (n - 1) * m * block
+                inter += (m - 1) * block
         assert result["last_step"]["bytes_intra"] == pytest.approx(intra)
         assert result["last_step"]["bytes_inter"] == pytest.approx(inter)
 
@@ -290,3 +294,37 @@ def test_time_is_filed_under_the_link_its_bytes_cross(flat_runs, algorithm):
         step = by_name[algorithm]["last_step"]
         assert step[f"bytes_{used}"] > 0 and step[f"{used}_s"] > 0, (rank, step)
         assert step[f"bytes_{unused}"] == 0 and step[f"{unused}_s"] == 0, (rank, step)
+
+
+@pytest.mark.parametrize("algorithm", ["hitopk", "topk_allgather"])
+def test_density_warmup_matches_the_reference_step_by_step(algorithm):
+    """DGC's density warm-up (0.4 -> 0.05 over 3 steps, then 0.05): every rank holds the float64
+    reference run at each step's density, and error feedback conserves every gradient. At 0.4
+    hitopk's result returns inside the node densely, at 0.05 as the received selections."""
+    settings = dict(density=DENSITY, density_warmup_steps=3, density_warmup_from=0.4)
+    results = run_ranks(workers.sync_with_settings, 4, 2, algorithm, LENGTHS, STEPS + 1,
+                        settings)
+    assert results[0]["densities"] == pytest.approx([0.4, 0.2, 0.1, DENSITY])
+    refs = [Reference(algorithm, 2, 2, DENSITY) for _ in LENGTHS]
+    for step in range(STEPS + 1):
+        grads = [gradient(r, step, sum(LENGTHS)).split(LENGTHS) for r in range(4)]
+        for i, ref in enumerate(refs):
+            ref.density = results[0]["densities"][step]
+            want = ref.step([g[i] for g in grads])
+            for result in results:
+                torch.testing.assert_close(result["grads"][step][i], want, rtol=0, atol=1e-12)
+    for i, length in enumerate(LENGTHS):  # applied (times W) + held back = every raw gradient
+        raw = sum(gradient(r, s, sum(LENGTHS)).split(LENGTHS)[i]
+                  for r in range(4) for s in range(STEPS + 1))
+        applied = sum(results[0]["grads"][s][i] for s in range(STEPS + 1)) * 4
+        torch.testing.assert_close(applied + refs[i].held_back(length), raw, rtol=0, atol=1e-10)
+        held = torch.zeros(length, dtype=torch.float64)
+        for result in results:
+            residual = result["feedback"]["residuals"][len(LENGTHS) - 1 - i]
+            if algorithm == "hitopk":
+                start = result["topology"][2] * residual.numel()
+                piece = residual[:max(0, length - start)]
+                held[start:start + piece.numel()] += piece
+            else:
+                held += residual
+        torch.testing.assert_close(held, refs[i].held_back(length), rtol=0, atol=1e-12)

@@ -198,3 +198,21 @@ def synchronize_equals_hook(rank, world, ranks_per_node, settings, steps=4):
             opt.step()
         out[path] = [p.detach().clone() for p in model.parameters()]
     return out
+
+
+def sync_with_settings(rank, world, ranks_per_node, algorithm, lengths, steps, settings):
+    """sync_steps with any further SyncState settings (e.g. the density warm-up); also returns
+    the density each step selected at."""
+    topo = Topology.build(ranks_per_node)
+    state = SyncState(topo, algorithm, selector="exact", dense_below_bytes=0, **settings)
+    params = [nn.Parameter(torch.zeros(n, dtype=torch.float64)) for n in lengths]
+    out, densities = [], []
+    for step in range(steps):
+        densities.append(state.density_at(state.steps))
+        g = gradient(rank, step, sum(lengths))
+        for p, piece in zip(params, g.split(lengths)):
+            p.grad = piece.clone()
+        thinwire.synchronize(params, state, bucket_bytes=1)
+        out.append([p.grad.clone() for p in params])
+    return {"grads": out, "densities": densities, "feedback": state.feedback.state_dict(),
+            "topology": (topo.nodes, topo.node, topo.local_rank)}

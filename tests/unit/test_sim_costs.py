@@ -49,15 +49,30 @@ def test_hier_allreduce_phases():
 def test_hitopk_matches_the_papers_formula():
     # PAPERS.md 1b: 2(n-1)a_intra + (RS + AG volume) b_intra + (m-1)a_inter
     #               + 2(m-1)(density d/n) b_inter, b_inter per rank = n/B (the NIC is shared).
-    d, n, m, density = 8_000_000, 8, 16, 0.01
+    # At density 0.1 the m received selections (16 x 800 kB) outweigh the dense shard (4 MB),
+    # so the node all-gathers the dense shard, as in the paper.
+    d, n, m, density = 8_000_000, 8, 16, 0.1
     c = cost("hitopk", m, n, d, density=density)
-    k = density * d / n  # 10,000: int32 indices and fp32 values, no alignment padding
+    k = density * d / n  # 100,000: int32 indices and fp32 values, no alignment padding
     expected = (2 * (n - 1) * 1e-6 + 2 * (n - 1) / n * d * 4 / 100e9
                 + (m - 1) * 50e-6 + 2 * (m - 1) * k * 4 * n / 1e9)
     assert c.comm_s == pytest.approx(expected)
     assert c.inter_bytes == pytest.approx((m - 1) * n * k * 8)
     # selection over this rank's shard, index_add of the m received selections
     assert c.select_s == pytest.approx(1e-4 + (d / n) / 1e9 + m * k / 2e9)
+
+
+def test_hitopk_all_gathers_the_received_selections_inside_the_node_when_smaller():
+    # density 0.01: m blocks of k entries (16 x 80 kB) are under the dense shard (4 MB); each
+    # rank then adds up all n*m blocks of its node itself
+    d, n, m, density = 8_000_000, 8, 16, 0.01
+    c = cost("hitopk", m, n, d, density=density)
+    k = density * d / n  # 10,000
+    expected = (2 * (n - 1) * 1e-6 + (n - 1) / n * d * 4 / 100e9 + (n - 1) * m * k * 8 / 100e9
+                + (m - 1) * 50e-6 + 2 * (m - 1) * k * 4 * n / 1e9)
+    assert c.comm_s == pytest.approx(expected)
+    assert c.inter_bytes == pytest.approx((m - 1) * n * k * 8)
+    assert c.select_s == pytest.approx(1e-4 + (d / n) / 1e9 + n * m * k / 2e9)
 
 
 def test_topk_allgather_sends_every_ranks_selection():

@@ -142,6 +142,30 @@ def test_every_setting_is_checked_where_it_enters(setting, value, message):
         SyncState(None, "hitopk", **{setting: value})
 
 
+@pytest.mark.parametrize("settings, message", [
+    (dict(density_warmup_steps=-2), "density_warmup_steps must be an int >= 0, got -2"),
+    (dict(density_warmup_steps=4, density_warmup_from=0.001),
+     "density_warmup_from must be a number in [density, 1] (density=0.01), got 0.001"),
+    (dict(density_warmup_steps=4, density_warmup_from=1.5),
+     "density_warmup_from must be a number in [density, 1] (density=0.01), got 1.5"),
+    (dict(algorithm="allreduce", density_warmup_steps=4),
+     "density_warmup_steps applies to the sparse algorithms"),
+])
+def test_density_warmup_settings_are_checked(settings, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SyncState(None, **{"algorithm": "hitopk", **settings})
+
+
+def test_density_warmup_falls_exponentially_after_the_dense_steps():
+    state = SyncState(None, "hitopk", 0.01, dense_iterations=2, density_warmup_steps=4,
+                      density_warmup_from=0.16)
+    got = [state.density_at(step) for step in range(8)]
+    # dense steps 0-1 (density unused), then 0.16 * (1/16) ** (t/4): 0.16, 0.08, 0.04, 0.02
+    assert got[2:] == pytest.approx([0.16, 0.08, 0.04, 0.02, 0.01, 0.01])
+    assert state.settings["density_warmup_steps"] == 4
+    assert SyncState(None, "hitopk", 0.5).density_at(0) == 0.5  # no warm-up: the density
+
+
 def test_dense_warmup_is_refused_for_a_dense_algorithm():
     with pytest.raises(ValueError, match="dense_iterations applies to the sparse algorithms"):
         SyncState(None, "allreduce", dense_iterations=3)
@@ -158,3 +182,13 @@ def test_state_dict_holds_every_setting():
     assert restored.steps == 0
     with pytest.raises(ValueError, match=r"steps must be an int >= 0, got -7"):
         restored.load_state_dict({**saved, "steps": -7})
+
+
+def test_the_finite_check_is_exact_also_where_the_fast_sum_overflows():
+    from thinwire.state import _all_finite
+
+    assert _all_finite(torch.full((10,), 3e38))  # the sum overflows; every entry is finite
+    assert _all_finite(torch.randn(1000, dtype=torch.float64))
+    assert not _all_finite(torch.tensor([1.0, float("nan")]))
+    assert not _all_finite(torch.tensor([float("inf"), -float("inf")]))  # the sum is NaN
+    assert not _all_finite(torch.tensor([3e38, 3e38, float("inf")], dtype=torch.float32))

@@ -24,6 +24,12 @@ from thinwire.train.config import TrainConfig
     ({"momentum_correction": True, "optimizer": "lars"},
      ["--momentum-correction", "--optimizer lars", "sgd"]),
     ({"dense_warmup_steps": -1}, ["--dense-warmup-steps", "-1"]),
+    ({"density_warmup_steps": -1}, ["--density-warmup-steps", "-1"]),
+    ({"density_warmup_steps": 5, "algorithm": "ddp"},
+     ["--density-warmup-steps", "--algorithm ddp", "hitopk"]),
+    ({"density_warmup_steps": 5, "density_warmup_from": 0.001},
+     ["--density-warmup-from", "0.001", "[0.01, 1]"]),
+    ({"powersgd_start_iter": 1}, ["--powersgd-start-iter", "1", ">= 2"]),
     ({"wire": "int8"}, ["--wire", "'int8'", "none", "fp16", "bf16"]),
     ({"wire": "bf16", "algorithm": "powersgd"}, ["--wire", "--algorithm powersgd", "hitopk"]),
 ])

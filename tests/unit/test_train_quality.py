@@ -226,3 +226,13 @@ def test_a_rate_sweep_plots_time_to_target_against_the_rate(tmp_path):
     assert "time_to_target_vs_rate.png" in figures
     assert (tmp_path / "time_to_target_vs_rate.png").stat().st_size > 0
     assert "inter-node 50mbit" in (tmp_path / "report.md").read_text()
+
+
+def test_the_workloads_sparse_defaults_reach_the_sparse_runs_and_the_user_wins():
+    mnist = workloads.WORKLOADS["mnist"]
+    s = CompareSettings(workload="mnist").validate()
+    for key, value in mnist.sparse.items():
+        assert getattr(s.run_config("hitopk"), key) == value
+    assert s.run_config("ddp").density_warmup_steps == 0  # a sparse-only option stays off
+    mine = CompareSettings(workload="mnist", train={"density": 0.02}).validate()
+    assert mine.run_config("hitopk").density == 0.02

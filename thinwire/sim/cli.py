@@ -67,6 +67,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="Streaming DiLoCo: each exchange runs behind the next inner step")
     p.add_argument("--calibrate", nargs="+", metavar="RESULTS_JSON", default=None,
                    help="fit to `thinwire compare` results instead of simulating")
+    p.add_argument("--calibrate-at", default=None, metavar="RATE",
+                   help="with --calibrate: fit on the runs at this link rate only (e.g. "
+                        "200mbit) and predict the runs at the sweep's other rates (out-of-"
+                        "sample error per algorithm); default: fit and predict all runs")
     p.add_argument("--overlap", default="auto", choices=("auto", "ddp", "none"),
                    help="calibration: overlap model to fit (auto: the better of the two)")
     p.add_argument("--json", default=None, help="write the results here")
@@ -190,9 +194,14 @@ def main(args) -> int:
         for path in args.calibrate:
             if not Path(path).is_file():
                 raise FileNotFoundError(f"calibration input not found: {path}")
-        result = calibrate(args.calibrate, overlap=args.overlap)
-        _print_calibration(result)
-        if not args.no_plot:
+        if args.calibrate_at is not None:
+            from thinwire.sim.holdout import holdout, print_holdout
+            result = holdout(args.calibrate, args.calibrate_at, overlap=args.overlap)
+            print_holdout(result)
+        else:
+            result = calibrate(args.calibrate, overlap=args.overlap)
+            _print_calibration(result)
+        if not args.no_plot and args.calibrate_at is None:
             from thinwire.sim.plot import calibration_plot
             calibration_plot(plot_path, result["runs"])
     else:
@@ -203,7 +212,7 @@ def main(args) -> int:
             s = result["setting"]
             scaling_plot(plot_path, result["breakdown"], result["scaling"],
                          f"{s['model']}, {s['gpus_per_node']} GPUs/node, {s['network']}")
-    if not args.no_plot:
+    if not args.no_plot and not (args.calibrate and args.calibrate_at is not None):
         print(f"plot: {plot_path}")
     if args.json:
         write_json_atomic(args.json, result)

@@ -134,7 +134,7 @@ class CompareSettings:
         wl = workloads.WORKLOADS[self.workload]
         return dataclasses.replace(TrainConfig(), **{
             "model": wl.model, "epochs": wl.epochs, "batch_size": wl.batch_size, "lr": wl.lr,
-            **self.train})
+            **wl.sparse, **self.train})
 
     def run_config(self, algorithm: str, lr: float | None = None,
                    seed: int | None = None) -> TrainConfig:
@@ -143,7 +143,8 @@ class CompareSettings:
         target = self.resolved_target()
         extra = {}
         if not grad_sync.is_sparse(algorithm):  # options that only the sparse methods take
-            extra = {"momentum_correction": False, "dense_warmup_steps": 0}
+            extra = {"momentum_correction": False, "dense_warmup_steps": 0,
+                     "density_warmup_steps": 0}
         if not grad_sync.is_thinwire(algorithm):  # PyTorch's peers have their own wire format
             extra["wire"] = "none"
         if algorithm == "torchft-diloco":  # torchft's recipe: one fragment, dense, no overlap
@@ -166,7 +167,7 @@ class CompareSettings:
                 "nodes": self.nodes, "ranks_per_node": self.ranks_per_node,
                 "shaping": self.shaping, "tune": self.tune,
                 "lr_grid": list(self.lr_grid) if self.tune else None,
-                "powersgd_start_iter": POWERSGD_START_ITER,
+                "powersgd_start_iter": base["powersgd_start_iter"],
                 # results from before node budgets existed stay valid without the key
                 **({"resources": dict(self.resources)} if self.resources else {}),
                 **{k: base[k] for k in TRAIN_FIELDS}}

@@ -36,6 +36,9 @@ class TrainConfig:
     momentum: float = 0.9
     momentum_correction: bool = False  # sparse algorithms + sgd: momentum moves into the hook
     dense_warmup_steps: int = 0      # sparse algorithms: the first N steps all-reduce densely
+    density_warmup_steps: int = 0    # sparse algorithms: DGC's exponential density warm-up
+    density_warmup_from: float = 0.25  # its first density (falls to --density over N steps)
+    powersgd_start_iter: int = 2     # powersgd: dense steps before compression (PyTorch's knob)
     weight_decay: float = 5e-4
     warmup_steps: int | None = None  # None: 5% of the run
     epochs: int = 1
@@ -116,6 +119,18 @@ class TrainConfig:
         if self.warmup_steps is not None:
             _integer("--warmup-steps", self.warmup_steps, 0)
         _integer("--dense-warmup-steps", self.dense_warmup_steps, 0)
+        _integer("--density-warmup-steps", self.density_warmup_steps, 0)
+        if self.density_warmup_steps:
+            if not grad_sync.is_sparse(self.algorithm):
+                raise ValueError(f"--density-warmup-steps needs a sparse algorithm "
+                                 f"({', '.join(collectives.sparse_names())}), got --algorithm "
+                                 f"{self.algorithm}")
+            if not (isinstance(self.density_warmup_from, (int, float))
+                    and self.density <= self.density_warmup_from <= 1):
+                raise ValueError(f"--density-warmup-from must be a number in [--density, 1] = "
+                                 f"[{self.density:g}, 1], got {self.density_warmup_from!r}")
+        # PyTorch's powerSGD_hook needs start_powerSGD_iter > 1 with error feedback
+        _integer("--powersgd-start-iter", self.powersgd_start_iter, 2)
         if self.dense_warmup_steps and not grad_sync.is_sparse(self.algorithm):
             raise ValueError(f"--dense-warmup-steps needs a sparse algorithm "
                              f"({', '.join(collectives.sparse_names())}), got --algorithm "
@@ -196,6 +211,13 @@ def add_arguments(parser: argparse.ArgumentParser, exclude: tuple = ()) -> None:
     a("--momentum", type=float, default=d.momentum, help="SGD momentum")
     a("--dense-warmup-steps", type=int, default=d.dense_warmup_steps,
       help="sparse algorithms: all-reduce the first N steps densely (residuals start later)")
+    a("--density-warmup-steps", type=int, default=d.density_warmup_steps,
+      help="sparse algorithms: over the N steps after the dense ones the top-k density falls "
+           "exponentially from --density-warmup-from to --density (DGC's warm-up)")
+    a("--density-warmup-from", type=float, default=d.density_warmup_from,
+      help="the density warm-up's first density, in [--density, 1]")
+    a("--powersgd-start-iter", type=int, default=d.powersgd_start_iter,
+      help="powersgd: steps all-reduced densely before compression starts (>= 2)")
     a("--momentum-correction", action="store_true",
       help="sparse algorithms: DGC momentum correction (the momentum is applied before top-k, "
            "in the hook, and the optimizer runs without it)")

@@ -6,7 +6,8 @@ thinwire's own (every algorithm in :mod:`thinwire.collectives`' registry) go thr
 * `ddp`: no hook at all, DDP's built-in bucketed all-reduce;
 * `ddp-fp16`: `default_hooks.fp16_compress_hook` (halves the bytes);
 * `powersgd`: `powerSGD_hook` with rank `--powersgd-rank`, error feedback and warm start, and
-  compression from the third step on (the least PyTorch allows with error feedback).
+  compression from step `--powersgd-start-iter` on (default 2: the third step, the least
+  PyTorch allows with error feedback; its dense steps before are PyTorch's own warm-up).
 
 Each returns a :class:`Sync`: what the checkpoint stores (the residuals) and the counters.
 """
@@ -109,7 +110,9 @@ def register(model: DistributedDataParallel, algorithm: str, density: float = 0.
              selector: str = "mstopk", powersgd_rank: int = 4, seed: int = 0,
              ranks_per_node: int | None = None, momentum_correction: float = 0.0,
              dense_warmup_steps: int = 0, weight_decay_in_hook: float = 0.0,
-             wire: str | None = None) -> Sync:
+             wire: str | None = None, density_warmup_steps: int = 0,
+             density_warmup_from: float = 0.25,
+             powersgd_start_iter: int = POWERSGD_START_ITER) -> Sync:
     """Register ``algorithm`` on ``model`` (collective: every rank calls it)."""
     check_algorithm(algorithm)
     if is_thinwire(algorithm):  # settings were checked where they entered (TrainConfig)
@@ -118,7 +121,9 @@ def register(model: DistributedDataParallel, algorithm: str, density: float = 0.
                                       ranks_per_node=ranks_per_node,
                                       momentum_correction=float(momentum_correction),
                                       dense_iterations=dense_warmup_steps,
-                                      weight_decay=weight_decay_in_hook, wire=wire)
+                                      weight_decay=weight_decay_in_hook, wire=wire,
+                                      density_warmup_steps=density_warmup_steps,
+                                      density_warmup_from=density_warmup_from)
         return Sync(algorithm, state)
     if algorithm == "ddp":
         return Sync(algorithm)
@@ -129,7 +134,7 @@ def register(model: DistributedDataParallel, algorithm: str, density: float = 0.
         return Sync(algorithm)
     state = powerSGD_hook.PowerSGDState(
         process_group=None, matrix_approximation_rank=check_powersgd_rank(powersgd_rank),
-        start_powerSGD_iter=POWERSGD_START_ITER, use_error_feedback=True, warm_start=True,
+        start_powerSGD_iter=powersgd_start_iter, use_error_feedback=True, warm_start=True,
         random_seed=seed)
     layouts: dict = {}
     param_index = {id(p): i for i, p in enumerate(model.module.parameters())}

@@ -207,7 +207,10 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
                                   cfg.momentum if cfg.momentum_correction else 0.0,
                                   cfg.dense_warmup_steps,
                                   cfg.weight_decay if cfg.momentum_correction else 0.0,
-                                  wire=cfg.wire)
+                                  wire=cfg.wire,
+                                  density_warmup_steps=cfg.density_warmup_steps,
+                                  density_warmup_from=cfg.density_warmup_from,
+                                  powersgd_start_iter=cfg.powersgd_start_iter)
     if cfg.algorithm in ("diloco", "torchft-diloco"):
         sync.attach(opt)  # a post-step hook on opt runs the outer step
     scaler = torch.amp.GradScaler("cuda") if cfg.amp == "fp16" else None

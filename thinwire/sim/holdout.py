@@ -1,0 +1,119 @@
+"""Out-of-sample check of the calibrated simulator: fit on the runs at one link rate, predict the
+iteration time of the runs at every other rate of the sweep, report the error per algorithm.
+
+    thinwire simulate --calibrate results/compare/mnist/results.json --calibrate-at 200mbit
+
+The fit (:func:`thinwire.sim.calibrate.fit`) holds one compute time per setting, and a setting
+includes its link rate, so a held-out run's compute time is not among the fitted ones. It is
+taken, per held-out run, from
+
+* ``calibrated``: the fitted compute time of the calibration setting with the same cluster and
+  model (the model's compute does not depend on the link), or
+* ``probe``: the run's own compute-only probe (``compute_ms_per_iter``, measured before training
+  without any communication, so it is known before the run's steps are), where it has one.
+
+Both are reported: on a shared machine the compute time moves between runs by more than the
+communication does, and the probe carries that run's load into the prediction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+from thinwire.sim.calibrate import Run, _rate_bps, _setting_key, fit, predict, read_runs
+
+COMPUTE_SOURCES = ("calibrated", "probe")
+
+
+def _reindexed(runs: list[Run]) -> list[Run]:
+    keys = sorted({_setting_key(r) for r in runs})
+    return [dataclasses.replace(r, setting_index=keys.index(_setting_key(r))) for r in runs]
+
+
+def _held_out_prediction(run: Run, params: dict, train: list[Run], compute_s: float,
+                         overlap: bool) -> float:
+    """Predicted iteration seconds of ``run`` with ``compute_s`` as its setting's compute."""
+    extended = dict(params, compute_s=list(params["compute_s"]) + [compute_s])
+    placed = dataclasses.replace(run, setting_index=len(params["compute_s"]))
+    return predict(placed, extended, overlap)["iteration_s"]
+
+
+def holdout(paths, calibrate_at: str, overlap: str = "auto") -> dict:
+    """Fit on the runs at ``calibrate_at`` (a rate: "200mbit", or "none" for unshaped runs),
+    predict the others; rows per held-out run and the largest error per algorithm."""
+    if overlap not in ("ddp", "none", "auto"):
+        raise ValueError(f"overlap must be one of ddp, none, auto, got {overlap!r}")
+    rate = _rate_bps(calibrate_at)
+    runs, skipped = read_runs(paths)
+    train = _reindexed([r for r in runs if r.inter_bps == rate])
+    held = [r for r in runs if r.inter_bps != rate]
+    rates = sorted({r.inter_bps or 0.0 for r in runs})
+    if not train:
+        raise ValueError(f"--calibrate-at {calibrate_at}: no run at that rate (the runs' rates "
+                         f"in bits/s: {rates}; 0 = unshaped)")
+    if not held:
+        raise ValueError(f"--calibrate-at {calibrate_at}: every run is at that rate, nothing "
+                         f"is left to predict out of sample (give a sweep of several rates)")
+    modes = {"ddp": [True], "none": [False], "auto": [True, False]}[overlap]
+    (params, sse), mode = min(((fit(train, m), m) for m in modes), key=lambda f: f[0][1])
+    fitted_compute = {}
+    for run in train:
+        fitted_compute[(run.nodes, run.ranks_per_node, run.layers_key)] = \
+            params["compute_s"][run.setting_index]
+    rows = []
+    for run in held:
+        key = (run.nodes, run.ranks_per_node, run.layers_key)
+        if key not in fitted_compute:
+            skipped.append(f"{run.source}: {run.algorithm} at {run.inter_bps} bits/s: no run "
+                           f"of its cluster and model at the calibration rate")
+            continue
+        row = {"algorithm": run.algorithm, "inter_node_bandwidth_bps": run.inter_bps,
+               "measured_s": run.iteration_s, "measured_compute_s": run.compute_s}
+        for source in COMPUTE_SOURCES:
+            compute_s = fitted_compute[key] if source == "calibrated" else run.compute_s
+            if compute_s is None:
+                row[f"predicted_s_{source}"] = row[f"error_{source}"] = None
+                continue
+            predicted = _held_out_prediction(run, params, train, compute_s, mode)
+            row[f"predicted_s_{source}"] = predicted
+            row[f"error_{source}"] = predicted / run.iteration_s - 1
+        rows.append(row)
+    per_algorithm = defaultdict(dict)
+    for source in COMPUTE_SOURCES:
+        for row in rows:
+            error = row[f"error_{source}"]
+            if error is not None:
+                best = per_algorithm[row["algorithm"]].get(source)
+                per_algorithm[row["algorithm"]][source] = max(abs(error), best or 0.0)
+    in_sample = [abs(predict(r, params, mode)["iteration_s"] / r.iteration_s - 1) for r in train]
+    return {"calibrate_at": calibrate_at, "calibrate_at_bps": rate,
+            "overlap": "ddp" if mode else "none", "sum_sq_residuals": sse,
+            "fitted": {k: (list(map(float, v)) if k == "compute_s" else float(v))
+                       for k, v in params.items()},
+            "in_sample_max_abs_error": max(in_sample), "held_out": rows,
+            "max_abs_error_by_algorithm": {a: dict(v) for a, v in per_algorithm.items()},
+            "skipped": skipped}
+
+
+def print_holdout(result: dict) -> None:
+    from thinwire.output import format_table
+
+    print(f"fitted on the runs at {result['calibrate_at']} (overlap {result['overlap']}; "
+          f"in-sample max |error| {100 * result['in_sample_max_abs_error']:.1f}%); predicted:")
+    rows = [{"algorithm": r["algorithm"],
+             "rate_mbit": (r["inter_node_bandwidth_bps"] or 0) / 1e6,
+             "measured_ms": 1e3 * r["measured_s"],
+             **{f"pred_ms_{s}": (None if r[f"predicted_s_{s}"] is None
+                                 else 1e3 * r[f"predicted_s_{s}"]) for s in COMPUTE_SOURCES},
+             **{f"err_%_{s}": (None if r[f"error_{s}"] is None else 100 * r[f"error_{s}"])
+                for s in COMPUTE_SOURCES}}
+            for r in result["held_out"]]
+    if rows:
+        print(format_table(rows, rows[0].keys()))
+    print("max |error| per algorithm (compute from the calibration fit / from the run's probe):")
+    for name, errors in result["max_abs_error_by_algorithm"].items():
+        print(f"  {name}: " + " / ".join(
+            f"{100 * errors[s]:.1f}%" if s in errors else "-" for s in COMPUTE_SOURCES))
+    for note in result["skipped"]:
+        print(f"skipped: {note}")
