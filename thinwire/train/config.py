@@ -67,9 +67,12 @@ class TrainConfig:
     outer_momentum: float = 0.9
     fragments: int = 1
     overlap: bool = False
+    waves: int = 1                   # 2: Wavelet tick-tock, two processes per slot (thinwire.wavelet)
 
     def validate(self) -> "TrainConfig":
         models.check_model(self.model)
+        from thinwire.wavelet.schedule import check_waves
+        check_waves(self.waves)
         if self.algorithm == "diloco":
             from thinwire.local_sgd.train_adapter import check_config
             check_config(self)
@@ -145,6 +148,9 @@ class TrainConfig:
             raise ValueError("--checkpoint-every needs --checkpoint DIR (where to write it)")
         if self.stop_after and not self.checkpoint:
             raise ValueError("--stop-after needs --checkpoint DIR (to resume from later)")
+        if self.waves == 2:
+            from thinwire.wavelet.loop import check_config
+            check_config(self)
         return self
 
     def to_dict(self) -> dict:
@@ -231,6 +237,9 @@ def add_arguments(parser: argparse.ArgumentParser, exclude: tuple = ()) -> None:
     a("--fragments", type=int, default=d.fragments, help="Streaming DiLoCo fragments")
     a("--overlap", action="store_true",
       help="--algorithm diloco: a fragment's exchange overlaps the next inner step")
+    a("--waves", type=int, default=d.waves,
+      help="1, or 2 for Wavelet tick-tock: two processes per device slot (launch twice the "
+           "ranks per node), the second starting each forward after the first's (default 1)")
 
 
 def add_config_file(parser: argparse.ArgumentParser, argv: list[str] | None) -> None:
