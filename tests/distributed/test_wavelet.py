@@ -11,12 +11,15 @@ import wavelet_workers
 STEPS, BATCH, LR = 6, 5, 0.1
 NODES, PROCESSES_PER_NODE = 2, 2  # one device slot per node: its tick and its tock
 SPARSE = {"density": 0.2, "selector": "exact"}
-# (name, waves, algorithm, options); density 1 keeps every entry, so the hierarchical sparse
-# path must give the dense result
-CONFIGS = [("allreduce", 2, "allreduce", {}), ("hier_allreduce", 2, "hier_allreduce", {}),
+# (name, waves, algorithm, options, turn); density 1 keeps every entry, so the hierarchical
+# sparse path must give the dense result
+CONFIGS = [("allreduce", 2, "allreduce", {}, "forward"),
+           ("hier_allreduce", 2, "hier_allreduce", {}, "backward"),
            ("hitopk-full", 2, "hitopk", {"density": 1.0, "selector": "exact",
-                                         "dense_below_bytes": 0}),
-           ("hitopk-waves", 2, "hitopk", SPARSE), ("hitopk-plain", 1, "hitopk", SPARSE)]
+                                         "dense_below_bytes": 0}, "forward"),
+           ("hitopk-waves", 2, "hitopk", SPARSE, "backward"),
+           ("hitopk-plain", 1, "hitopk", SPARSE, "forward")]
+TURN = {c[0]: c[4] for c in CONFIGS}
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +51,16 @@ def test_sparse_waves_equal_the_same_ranks_without_waves(results):
 
 @pytest.mark.parametrize("name", ["allreduce", "hier_allreduce", "hitopk-full", "hitopk-waves"])
 def test_offset_kept_every_iteration(results, name):
-    """Every iteration, the tock's forward starts after its tick's forward has ended."""
+    """Every iteration, the tock's forward starts after its tick's forward has ended (and, with
+    turn='backward', after its tick's backward compute has ended)."""
     for slot in range(0, len(results), 2):
         tick, tock = results[slot][name], results[slot + 1][name]
         assert (tick["wave"], tock["wave"]) == (0, 1)
         tick_fwd = {e["step"]: e for e in tick["events"] if e["kind"] == "forward"}
+        tick_bwd = {e["step"]: e for e in tick["events"] if e["kind"] == "backward"}
         tock_fwd = {e["step"]: e for e in tock["events"] if e["kind"] == "forward"}
         assert sorted(tick_fwd) == sorted(tock_fwd) == list(range(STEPS))
         for step in range(STEPS):
             assert tock_fwd[step]["start"] >= tick_fwd[step]["end"], step
+            if TURN[name] == "backward":
+                assert tock_fwd[step]["start"] >= tick_bwd[step]["end"], step

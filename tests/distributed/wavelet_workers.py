@@ -31,14 +31,14 @@ def combined_batch(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train(rank: int, world: int, processes_per_node: int, waves: int, algorithm: str,
-          steps: int, batch: int, lr: float, sync_options: dict):
+          steps: int, batch: int, lr: float, sync_options: dict, turn: str = "forward"):
     module = model()
     ddp = DistributedDataParallel(module)
     thinwire.ddp.register(ddp, algorithm=algorithm, ranks_per_node=processes_per_node,
                           **sync_options)
     opt = torch.optim.SGD(module.parameters(), lr=lr, momentum=0.9)
     wave = Wave(rank, world, rank % processes_per_node, processes_per_node, waves)
-    ticktock = TickTock(wave)
+    ticktock = TickTock(wave, turn=turn)
     ticktock.attach(module)
     for step in range(steps):
         x, y = combined_batch(step, batch * world)
@@ -47,7 +47,9 @@ def train(rank: int, world: int, processes_per_node: int, waves: int, algorithm:
             loss = torch.nn.functional.cross_entropy(ddp(x), y)
             if wave.index == 0 and waves == 2:
                 time.sleep(0.01)  # a forward long enough that an overlap would show
+        started = time.time()
         loss.backward()
+        ticktock.record(step, "backward", started, ticktock.backward_done_at)
         opt.step()
         opt.zero_grad()
     ticktock.close()
@@ -59,7 +61,7 @@ def run_configs(rank: int, world: int, processes_per_node: int, configs: list, s
                 batch: int, lr: float) -> dict:
     """Every (name, waves, algorithm, options) of ``configs`` in one spawn of the ranks."""
     return {name: train(rank, world, processes_per_node, waves, algorithm, steps, batch, lr,
-                        options) for name, waves, algorithm, options in configs}
+                        options, turn) for name, waves, algorithm, options, turn in configs}
 
 
 def reference(steps: int, combined: int, lr: float) -> list[torch.Tensor]:

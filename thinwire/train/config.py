@@ -68,6 +68,7 @@ class TrainConfig:
     fragments: int = 1
     overlap: bool = False
     waves: int = 1                   # 2: Wavelet tick-tock, two processes per slot (thinwire.wavelet)
+    wave_turn: str = "backward"      # --waves 2: the tock's forward follows the tick's forward/backward
 
     def validate(self) -> "TrainConfig":
         models.check_model(self.model)
@@ -240,6 +241,9 @@ def add_arguments(parser: argparse.ArgumentParser, exclude: tuple = ()) -> None:
     a("--waves", type=int, default=d.waves,
       help="1, or 2 for Wavelet tick-tock: two processes per device slot (launch twice the "
            "ranks per node), the second starting each forward after the first's (default 1)")
+    a("--wave-turn", default=d.wave_turn,
+      help="--waves 2: the tock wave's forward starts after the tick's forward, or after its "
+           "backward (activations freed, the peaks never meet) (default backward)")
 
 
 def add_config_file(parser: argparse.ArgumentParser, argv: list[str] | None) -> None:

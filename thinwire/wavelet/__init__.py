@@ -14,6 +14,7 @@ For user code under torchrun with two processes per device slot::
 algorithms (`thinwire.wavelet.loop`).
 """
 
-from thinwire.wavelet.schedule import WAVES_ALLOWED, TickTock, Wave, WaveDied, check_waves
+from thinwire.wavelet.schedule import (TURNS, WAVES_ALLOWED, TickTock, Wave, WaveDied,
+                                       check_turn, check_waves)
 
-__all__ = ["WAVES_ALLOWED", "TickTock", "Wave", "WaveDied", "check_waves"]
+__all__ = ["TURNS", "WAVES_ALLOWED", "check_turn", "TickTock", "Wave", "WaveDied", "check_waves"]

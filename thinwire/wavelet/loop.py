@@ -30,7 +30,7 @@ from thinwire.output import check_output_path, write_json_atomic
 from thinwire.train import data, grad_sync, models
 from thinwire.train.config import TrainConfig
 from thinwire.wavelet import memory
-from thinwire.wavelet.schedule import TickTock, Wave, check_waves
+from thinwire.wavelet.schedule import TickTock, Wave, check_turn, check_waves
 
 log = logging.getLogger("thinwire.wavelet")
 WARMUP_STEPS = 2
@@ -42,9 +42,10 @@ UNSUPPORTED = {"checkpoint": None, "resume": None, "stop_after": 0, "checkpoint_
 
 def check_config(cfg: TrainConfig) -> None:
     check_waves(cfg.waves)
+    check_turn(cfg.wave_turn, "--wave-turn")
     if cfg.algorithm == "diloco":
-        raise ValueError("--waves 2 runs data-parallel training with a gradient-sync algorithm; "
-                         "--algorithm diloco is not supported with it")
+        raise ValueError("--algorithm diloco is not supported with --waves 2 (allowed: a "
+                         "gradient-sync algorithm; the two waves are one data-parallel job)")
     for name, default in UNSUPPORTED.items():
         if getattr(cfg, name) != default:
             raise ValueError(f"--{name.replace('_', '-')} is not supported with --waves 2 "
@@ -144,14 +145,8 @@ def _train(cfg: TrainConfig, wave: Wave) -> dict:
                               cfg.dense_warmup_steps,
                               cfg.weight_decay if cfg.momentum_correction else 0.0,
                               wire=cfg.wire)
-    ticktock = TickTock(wave)
+    ticktock = TickTock(wave, turn=cfg.wave_turn)
     ticktock.attach(module)
-    grads_done = [0.0]
-
-    def stamp(_param):  # the last gradient computed ends this wave's backward compute
-        grads_done[0] = time.time()
-    for param in module.parameters():
-        param.register_post_accumulate_grad_hook(stamp)
     node_memory = memory.NodeMemory() if wave.local_rank == 0 else None
     sampler = memory.Sampler(node_memory).start()
     dist.barrier()
@@ -167,8 +162,9 @@ def _train(cfg: TrainConfig, wave: Wave) -> dict:
             backward_from = time.time()
             loss.backward()  # DDP's hook synchronises; backward returns when it is done
             synced = time.time()
-            ticktock.record(step, "backward", backward_from, grads_done[0])
-            ticktock.record(step, "sync", grads_done[0], synced)
+            computed = ticktock.backward_done_at
+            ticktock.record(step, "backward", backward_from, computed)
+            ticktock.record(step, "sync", computed, synced)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)

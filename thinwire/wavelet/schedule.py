@@ -30,6 +30,19 @@ log = logging.getLogger(__name__)
 
 WAVES_ALLOWED = (1, 2)
 WAVE_NAMES = ("tick", "tock")
+# When the tock may start its forward: when the tick's forward has ended (the paper's offset,
+# for devices that run the two waves' kernels side by side), or when the tick's backward
+# compute has ended (its activations are freed: the peaks never meet; on CPU nodes, where the
+# two waves share the cores and compute one after the other anyway, this costs no time).
+TURNS = ("forward", "backward")
+
+
+def check_turn(turn, param: str = "turn") -> str:
+    if turn not in TURNS:
+        raise ValueError(f"{param} must be one of {', '.join(TURNS)} (when the tock wave's "
+                         f"forward may start: after the tick's forward or after its backward), "
+                         f"got {turn!r}")
+    return turn
 
 
 def check_waves(waves, param: str = "--waves") -> int:
@@ -97,13 +110,15 @@ class TickTock:
             loss.backward(); opt.step()
     """
 
-    def __init__(self, wave: Wave, timeout_s: float = 300.0):
-        self.wave = wave
+    def __init__(self, wave: Wave, turn: str = "forward", timeout_s: float = 300.0):
+        self.wave, self.turn = wave, check_turn(turn)
+        self.backward_done_at: float | None = None  # when the last gradient of a step was made
         self.events: list[dict] = []  # {"step", "kind", "start", "end"} on the wall clock
         self._pending = None
         self._token = torch.zeros(1, dtype=torch.int64)
         self._group = None
         self._attached, self._step, self._waited, self._turn = False, None, False, None
+        self._sent_for = None
         if wave.waves > 1:
             timeout = datetime.timedelta(seconds=timeout_s)
             for node in range(wave.world // wave.local_world):
@@ -123,6 +138,21 @@ class TickTock:
         bucket rebuild after the first step), which both waves must reach."""
         module.register_forward_pre_hook(self._pre_hook)
         self._attached = True
+        params = [p for p in module.parameters() if p.requires_grad]
+        self._grads_expected, self._grads_seen = len(params), 0
+        for param in params:
+            param.register_post_accumulate_grad_hook(self._grad_hook)
+
+    def _grad_hook(self, _param) -> None:
+        """Counts the gradients of a backward: the last one ends the wave's compute (every
+        parameter must get one, as DistributedDataParallel requires anyway)."""
+        self._grads_seen += 1
+        if self._grads_seen == self._grads_expected:
+            self._grads_seen = 0
+            self.backward_done_at = time.time()
+            if self.turn == "backward" and self._sent_for is not None:
+                step, self._sent_for = self._sent_for, None
+                self._send(step)
 
     def _pre_hook(self, module, args):
         if self._step is not None and not self._waited:
@@ -152,7 +182,10 @@ class TickTock:
         end = time.time()
         self.record(step, "forward", self._turn or start, end)
         if self.wave.waves > 1 and self.wave.index == 0:
-            self._send(step)
+            if self.turn == "forward" or not self._attached:
+                self._send(step)
+            else:  # sent by the last gradient hook of this step's backward
+                self._sent_for = step
 
     def _send(self, step: int) -> None:
         if self._pending is not None:  # the previous token has long arrived: this never waits
@@ -190,6 +223,11 @@ class TickTock:
 
     def close(self) -> None:
         """Completes the last token (call before destroying the process groups)."""
+        if self._sent_for is not None:
+            raise RuntimeError(f"{self.wave.describe()}: the backward of iteration "
+                               f"{self._sent_for} never produced every gradient, so the tock "
+                               f"wave was never given its turn (turn='backward' needs a "
+                               f"gradient for every parameter)")
         if self._pending is not None:
             self._wait(self._pending)
             self._pending = None
