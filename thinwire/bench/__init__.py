@@ -24,6 +24,7 @@ BENCH_MODULES = [
     "thinwire.bench.cluster_resources",
     "thinwire.bench.pipeline",
     "thinwire.bench.diloco",
+    "thinwire.bench.wavelet",
 ]
 
 

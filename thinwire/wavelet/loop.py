@@ -34,7 +34,7 @@ from thinwire.wavelet.schedule import TickTock, Wave, check_turn, check_waves
 
 log = logging.getLogger("thinwire.wavelet")
 WARMUP_STEPS = 2
-PROBE_BATCH = 4
+PROBE_BATCH = 8
 # Options of `thinwire train` this loop does not implement; refused rather than ignored.
 UNSUPPORTED = {"checkpoint": None, "resume": None, "stop_after": 0, "checkpoint_every": 0,
                "metrics": None, "amp": "none", "stop_at_target": False, "budget_s": 0.0}
@@ -58,6 +58,8 @@ def train(cfg: TrainConfig) -> dict:
     check_output_path(cfg.summary, "--summary")
     if "RANK" not in os.environ:
         return _launch_locally(cfg)
+    from thinwire.wavelet import tallmlp
+    tallmlp.register()
     memory.release_freed_memory()
     owns = not dist.is_initialized()
     if owns:
@@ -80,9 +82,10 @@ def _launch_locally(cfg: TrainConfig) -> dict:
         summary = cfg.summary or os.path.join(folder, "summary.json")
         write_json_atomic(config, {**dataclasses.asdict(cfg), "summary": summary})
         status = run(ClusterSpec(1, cfg.waves, shaping=False),
-                     ["-m", "thinwire.train", "--config", config])
+                     ["-m", "thinwire.wavelet", "--config", config])
         if status:
-            raise RuntimeError(f"--waves {cfg.waves}: the run failed with status {status}")
+            raise RuntimeError(f"--waves {cfg.waves}: a wave failed (status {status}; its "
+                               f"error is above) and the run was stopped")
         with open(summary) as handle:
             return json.load(handle)
 
@@ -113,14 +116,19 @@ def _check_memory(cfg, wave, module, ds, opt, device) -> dict:
     grads = sum(p.numel() * p.element_size() for p in module.parameters())
     resident = (memory.anon_bytes() or 0) + grads
     opt.state.clear()  # start the run itself with no optimizer state, as plain training does
-    saved = memory.saved_activation_bytes(lambda a, b: models.loss_and_correct(module, a, b)[0],
-                                          x, y)
-    peak = memory.estimate_wave_peak(resident, saved / probe_batch, cfg.batch_size,
+    # per sample: the difference between two batch sizes (weights are saved once, not per
+    # sample)
+    saved = [memory.saved_activation_bytes(
+        lambda a, b: models.loss_and_correct(module, a, b)[0], x[:n], y[:n])
+        for n in (max(probe_batch // 2, 1), probe_batch)]
+    per_sample = max(saved[1] - saved[0], 0) / max(probe_batch - probe_batch // 2, 1) \
+        if probe_batch > 1 else saved[0]
+    peak = memory.estimate_wave_peak(resident, per_sample, cfg.batch_size,
                                      wave.slots_per_node)
     node = memory.NodeMemory()
     memory.check_node_limit(node.limit_bytes(), peak, cfg.batch_size, wave.waves)
     return {"estimated_wave_peak_bytes": peak, "resident_bytes": resident,
-            "activation_bytes_per_sample": saved / probe_batch,
+            "activation_bytes_per_sample": per_sample,
             "node_limit_bytes": node.limit_bytes()}
 
 
