@@ -54,12 +54,17 @@ def test_odd_processes_per_node_refused():
 def test_memory_limit_below_one_wave_peak_refused():
     mib = 2 ** 20
     with pytest.raises(ValueError) as info:
-        memory.check_node_limit(300 * mib, 420 * mib, 256, 2)
+        memory.check_node_limit(300 * mib, 420 * mib, 256, 1)
     text = str(info.value)
     assert "--node-memory" in text and "300MiB" in text and ">= 420MiB" in text
-    assert "--batch-size 256" in text
-    memory.check_node_limit(None, 420 * mib, 256, 2)  # no limit: nothing to check
-    memory.check_node_limit(420 * mib, 420 * mib, 256, 2)
+    assert "one wave's estimated peak of 420MiB at --batch-size 256" in text
+    memory.check_node_limit(None, 420 * mib, 256, 1)  # no limit: nothing to check
+    memory.check_node_limit(420 * mib, 420 * mib, 256, 1)
+    # two waves: the other wave's valley (its resident memory) comes on top
+    with pytest.raises(ValueError, match=r"is 500MiB, below the 570MiB two waves need at least "
+                                         r"\(one wave's estimated peak of 420MiB plus the other "
+                                         r"wave's valley of 150MiB\).*>= 570MiB"):
+        memory.check_node_limit(500 * mib, 420 * mib, 256, 2, valley=150 * mib)
 
 
 def test_peak_estimate_counts_every_slot():

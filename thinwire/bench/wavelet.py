@@ -115,9 +115,13 @@ def run(args) -> dict:
         largest = {w: max((r["batch_per_process"] for r in fit_rows
                            if r["waves"] == w and r["fits"]), default=None) for w in (1, 2)}
         b2 = largest[2]
-        if b2 is None:
-            raise RuntimeError(f"no two-wave batch in {args.fit_fractions_two} x {B} fits "
-                               f"{limit}: {fit_rows}")
+        if b2 is None:  # a result, not an error: report the fit search and stop there
+            log.warning("no two-wave batch in %s x %d fits %s", args.fit_fractions_two, B, limit)
+            return {"settings": {k: v for k, v in vars(args).items() if k != "func"},
+                    "node_limit": format_size(limit_bytes), "calibration_peak_bytes":
+                    calibration["node_peak_bytes"] if calibration else None,
+                    "largest_batch_that_fits": largest, "fit": fit_rows, "table": [],
+                    "repeats": []}
         two_steps = max(4, round(args.steps * B / (2 * b2)))  # about the same samples seen
         repeats = []
         for repeat in range(args.repeats):

@@ -126,7 +126,8 @@ def _check_memory(cfg, wave, module, ds, opt, device) -> dict:
     peak = memory.estimate_wave_peak(resident, per_sample, cfg.batch_size,
                                      wave.slots_per_node)
     node = memory.NodeMemory()
-    memory.check_node_limit(node.limit_bytes(), peak, cfg.batch_size, wave.waves)
+    valley = memory.estimate_wave_peak(resident, 0, cfg.batch_size, wave.slots_per_node)
+    memory.check_node_limit(node.limit_bytes(), peak, cfg.batch_size, wave.waves, valley)
     return {"estimated_wave_peak_bytes": peak, "resident_bytes": resident,
             "activation_bytes_per_sample": per_sample,
             "node_limit_bytes": node.limit_bytes()}

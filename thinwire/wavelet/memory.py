@@ -161,13 +161,18 @@ def estimate_wave_peak(resident_bytes: int, activation_bytes_per_sample: float,
     return int(slots * (resident_bytes + activation_bytes_per_sample * batch_size))
 
 
-def check_node_limit(limit: int | None, peak: int, batch_size: int, waves: int) -> None:
-    """A node memory limit below one wave's peak cannot run even one wave: refuse it clearly."""
-    if limit is not None and limit < peak:
+def check_node_limit(limit: int | None, peak: int, batch_size: int, waves: int,
+                     valley: int = 0) -> None:
+    """Refuses a node memory limit below what the job needs at least: one wave's peak, plus,
+    with two waves, the other wave's valley (its processes hold their runtime, weights,
+    gradients and optimizer state throughout)."""
+    need = peak + (valley if waves == 2 else 0)
+    if limit is not None and limit < need:
         mib = 2 ** 20
+        what = (f"one wave's estimated peak of {peak / mib:.0f}MiB" if waves == 1 else
+                f"the {need / mib:.0f}MiB two waves need at least (one wave's estimated peak of "
+                f"{peak / mib:.0f}MiB plus the other wave's valley of {valley / mib:.0f}MiB)")
         raise ValueError(
-            f"node memory limit (--node-memory / node_memory) is {limit / mib:.0f}MiB, below one "
-            f"wave's estimated peak of {peak / mib:.0f}MiB at --batch-size {batch_size}; allowed: "
-            f"a node memory limit >= {peak / mib:.0f}MiB (two waves need more: each holds its "
-            f"runtime, weights and gradients, and one is at its peak while the other is in its "
-            f"valley), or a smaller --batch-size" + (" (--waves 2)" if waves == 2 else ""))
+            f"node memory limit (--node-memory / node_memory) is {limit / mib:.0f}MiB, below "
+            f"{what} at --batch-size {batch_size}; allowed: a node memory limit >= "
+            f"{need / mib:.0f}MiB, or a smaller --batch-size")

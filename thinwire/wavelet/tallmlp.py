@@ -33,7 +33,17 @@ class TallMLP(nn.Module):
         return self.out(torch.relu(self.mix(h) / 8))
 
 
+class TallMLPMnist(TallMLP):
+    """On MNIST-5k (4,000 training images, room for large batches): 128 blocks of 4096, about
+    2 MiB of activations a sample, 3.7M parameters."""
+
+    def __init__(self):
+        super().__init__(inputs=784, width=4096, blocks=128, hidden=128)
+
+
 def register() -> None:
-    """Adds `tallmlp` to `thinwire.train.models.MODELS` in this process (the wave entry point
-    `python -m thinwire.wavelet` calls it; `thinwire train` does not know the model)."""
+    """Adds `tallmlp` and `tallmlp-mnist` to `thinwire.train.models.MODELS` in this process
+    (the wave entry point `python -m thinwire.wavelet` calls it; `thinwire train` does not know
+    them)."""
     models.MODELS.setdefault(NAME, (TallMLP, "digits", 0.05))
+    models.MODELS.setdefault(NAME + "-mnist", (TallMLPMnist, "mnist5k", 0.05))
