@@ -87,7 +87,7 @@ def test_node_memory_read_from_the_cgroup(tmp_path, version):
         line = "0::/node\n"
     proc = tmp_path / "cgroup"
     proc.write_text(line)
-    node = memory.NodeMemory(memory._memory_cgroup_dir(proc, tmp_path))
+    node = memory.NodeMemory(memory._memory_cgroup_dir(proc, (tmp_path / "absent", tmp_path)))
     assert node.limit_bytes() == 2 ** 30 and node.usage_bytes() == 5000
     (folder / ("memory.limit_in_bytes" if version == 1 else "memory.max")).write_text(
         str(1 << 62) if version == 1 else "max")
@@ -109,3 +109,10 @@ def test_saved_activations_grow_with_the_batch():
 def test_anon_memory_of_this_process_is_read():
     assert memory.anon_bytes() > 10 * 2 ** 20
     assert memory.anon_bytes(2 ** 22 + 12345) is None  # no such process
+
+
+def test_node_limit_from_the_launcher_when_the_cgroup_is_out_of_sight(monkeypatch):
+    monkeypatch.setenv("THINWIRE_NODE_MEMORY_BYTES", str(2 ** 30))
+    node = memory.NodeMemory.__new__(memory.NodeMemory)
+    node.found = None
+    assert node.limit_bytes() == 2 ** 30 and node.usage_bytes() is None

@@ -59,7 +59,8 @@ def _launch(args, waves: int, batch: int, steps: int, limit: str | None, folder:
     if status != 0 or not summary.exists():
         return {"fits": False, "status": status, "node_peak_bytes": peak}
     result = json.loads(summary.read_text())
-    result.update(fits=True, status=0, node_peak_bytes=peak)
+    result.update(fits=True, status=0, node_peak_bytes=peak,
+                  node_series=[n["series"] for n in node_stats["nodes"]])
     return result
 
 
@@ -149,7 +150,8 @@ def run(args) -> dict:
             "samples_seen": runs[0]["samples_seen"], "repeats": len(runs)})
     for r in good:  # the bulky per-step records stay out of the JSON
         for key in ("one", "two"):
-            r[key] = {k: v for k, v in r[key].items() if k not in ("ranks", "config")}
+            r[key] = {k: v for k, v in r[key].items()
+                      if k not in ("ranks", "config", "node_series")}
     return {"settings": {k: v for k, v in vars(args).items() if k != "func"},
             "node_limit": format_size(limit_bytes), "calibration_peak_bytes":
             calibration["node_peak_bytes"] if calibration else None,

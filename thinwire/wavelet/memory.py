@@ -1,7 +1,10 @@
 """Memory of a wave: what the node allows, what a process holds, and a fine-grained sampler.
 
 The node's limit and usage come from the cgroup the process runs in (the emulated cluster puts
-every process of a node in one: `thinwire cluster run --node-memory`). A process's own memory is
+every process of a node in one: `thinwire cluster run --node-memory`). Inside an emulated node
+`/sys` is the namespace's own, without cgroup file systems: the limit then comes from the
+launcher (``THINWIRE_NODE_MEMORY_BYTES``) and the node's usage from the launcher's accounting
+(`--stats-json`, every 100 ms); each process still samples its own memory every 10 ms. A process's own memory is
 its anonymous resident memory (``RssAnon``): what its cgroup is charged for it; the shared
 library pages of torch are file-backed and mostly charged elsewhere.
 
@@ -42,9 +45,22 @@ def release_freed_memory() -> bool:
         return False
 
 
+# `ip netns exec` (how the emulated cluster enters a node) mounts a fresh /sys, without the
+# cgroup file systems; as root the host's view is still reachable through PID 1's root.
+CGROUP_ROOTS = (Path("/sys/fs/cgroup"), Path("/proc/1/root/sys/fs/cgroup"))
+
+
 def _memory_cgroup_dir(proc_cgroup: Path = Path("/proc/self/cgroup"),
-                       root: Path = Path("/sys/fs/cgroup")) -> tuple[Path, int] | None:
+                       roots: tuple[Path, ...] = CGROUP_ROOTS) -> tuple[Path, int] | None:
     """(directory, version) of this process's memory cgroup, or None."""
+    for root in roots:
+        found = _memory_cgroup_dir_under(proc_cgroup, root)
+        if found is not None:
+            return found
+    return None
+
+
+def _memory_cgroup_dir_under(proc_cgroup: Path, root: Path) -> tuple[Path, int] | None:
     try:
         lines = proc_cgroup.read_text().splitlines()
     except OSError:
@@ -53,14 +69,20 @@ def _memory_cgroup_dir(proc_cgroup: Path = Path("/proc/self/cgroup"),
         _, controllers, path = line.split(":", 2)
         if "memory" in controllers.split(","):
             directory = root / "memory" / path.lstrip("/")
-            if directory.is_dir():
-                return directory, 1
+            try:
+                if (directory / "memory.limit_in_bytes").is_file():
+                    return directory, 1
+            except OSError:  # /proc/1/root without the rights to follow it
+                return None
     for line in lines:
         hierarchy, controllers, path = line.split(":", 2)
         if hierarchy == "0" and not controllers:
             directory = root / path.lstrip("/")
-            if (directory / "memory.max").is_file():
-                return directory, 2
+            try:
+                if (directory / "memory.max").is_file():
+                    return directory, 2
+            except OSError:
+                return None
     return None
 
 
@@ -78,9 +100,11 @@ class NodeMemory:
         self.found = found if found is not None else _memory_cgroup_dir()
 
     def limit_bytes(self) -> int | None:
-        """None: no limit (or no memory cgroup)."""
+        """None: no limit (or no memory cgroup). Inside an emulated node the cgroup files are
+        out of sight; the launcher hands the limit over as THINWIRE_NODE_MEMORY_BYTES."""
         if self.found is None:
-            return None
+            value = os.environ.get("THINWIRE_NODE_MEMORY_BYTES")
+            return int(value) if value and value.isdigit() else None
         directory, version = self.found
         text = _read(directory / ("memory.limit_in_bytes" if version == 1 else "memory.max"))
         if text is None or text == "max":

@@ -15,8 +15,8 @@ def plot_runs(runs: list[tuple[str, dict]], path: str, node: int = 0, window_ste
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, len(runs), figsize=(7 * len(runs), 7), squeeze=False,
-                             gridspec_kw={"height_ratios": [1, 2]})
+    fig, axes = plt.subplots(3, len(runs), figsize=(7 * len(runs), 10), squeeze=False,
+                             gridspec_kw={"height_ratios": [1, 2, 1.5]})
     mib = 2 ** 20
     for column, (label, summary) in enumerate(runs):
         ranks = [r for r in summary["ranks"] if r["node"] == node]
@@ -52,6 +52,16 @@ def plot_runs(runs: list[tuple[str, dict]], path: str, node: int = 0, window_ste
         memory.legend(fontsize=7)
         for axis in (lanes, memory):
             axis.set_xlim(0, t1 - t0)
+        whole = axes[2][column]  # the launcher's accounting: the node cgroup, whole run
+        for number, series in enumerate(summary.get("node_series") or []):
+            points = [(t, m) for t, m in zip(series["t"], series["memory_bytes"]) if m]
+            whole.plot([p[0] for p in points], [p[1] / mib for p in points],
+                       label=f"node {number} cgroup (every 100 ms)")
+        if limit_bytes:
+            whole.axhline(limit_bytes / mib, color="red", linestyle=":", label="node limit")
+        whole.set_xlabel("seconds from the node's start (whole run)")
+        whole.set_ylabel("MiB")
+        whole.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
