@@ -25,6 +25,7 @@ BENCH_MODULES = [
     "thinwire.bench.pipeline",
     "thinwire.bench.diloco",
     "thinwire.bench.dlcp",
+    "thinwire.bench.wavelet",
 ]
 
 

@@ -76,6 +76,8 @@ def node_env(spec: ClusterSpec, node: int, ifname: str, extra: dict | None) -> d
         "THINWIRE_CLUSTER_SHAPED": "1" if spec.shaping else "0",
         "PYTHONUNBUFFERED": "1",
     })
+    if spec.node_memory_bytes:  # a node's /sys has no cgroup file systems (ip netns exec)
+        env["THINWIRE_NODE_MEMORY_BYTES"] = str(spec.node_memory_bytes)
     if spec.link_classes:  # what a rank needs for qos.tos_for_class
         env["THINWIRE_LINK_CLASSES"] = str(spec.link_classes)
     if spec.shaping and spec.inter_node_bps:  # a paced sender (dlcp) needs its link's rate

@@ -73,9 +73,13 @@ class TrainConfig:
     outer_chunk: int = 4096          # --outer-algorithm sparseloco: top-k chunk, value bits
     outer_bits: int = 2              # (0 = float32) and error-feedback decay
     outer_decay: float = 0.95
+    waves: int = 1                   # 2: Wavelet tick-tock, two processes per slot (thinwire.wavelet)
+    wave_turn: str = "backward"      # --waves 2: the tock's forward follows the tick's forward/backward
 
     def validate(self) -> "TrainConfig":
         models.check_model(self.model)
+        from thinwire.wavelet.schedule import check_waves
+        check_waves(self.waves)
         if self.algorithm == "diloco":
             from thinwire.local_sgd.train_adapter import check_config
             check_config(self)
@@ -166,6 +170,9 @@ class TrainConfig:
             raise ValueError("--checkpoint-every needs --checkpoint DIR (where to write it)")
         if self.stop_after and not self.checkpoint:
             raise ValueError("--stop-after needs --checkpoint DIR (to resume from later)")
+        if self.waves == 2:
+            from thinwire.wavelet.loop import check_config
+            check_config(self)
         return self
 
     def to_dict(self) -> dict:
@@ -269,6 +276,12 @@ def add_arguments(parser: argparse.ArgumentParser, exclude: tuple = ()) -> None:
       help="--outer-algorithm sparseloco: bits per sent value, 2, 4 or 8 (0 = float32)")
     a("--outer-decay", type=float, default=d.outer_decay,
       help="--outer-algorithm sparseloco: decay of the error-feedback residual, in [0, 1]")
+    a("--waves", type=int, default=d.waves,
+      help="1, or 2 for Wavelet tick-tock: two processes per device slot (launch twice the "
+           "ranks per node), the second starting each forward after the first's (default 1)")
+    a("--wave-turn", default=d.wave_turn,
+      help="--waves 2: the tock wave's forward starts after the tick's forward, or after its "
+           "backward (activations freed, the peaks never meet) (default backward)")
 
 
 def add_config_file(parser: argparse.ArgumentParser, argv: list[str] | None) -> None:

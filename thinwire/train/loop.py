@@ -43,6 +43,9 @@ LARS_DEFAULT_LR = 2.0
 def train(cfg: TrainConfig) -> dict:
     """Run ``cfg``; returns the summary on rank 0 (an empty dict on other ranks)."""
     cfg.validate()
+    if cfg.waves == 2:  # tick-tock scheduling lives in its own package
+        from thinwire.wavelet.loop import train as train_waves
+        return train_waves(cfg)
     for path, param in ((cfg.summary, "--summary"), (cfg.metrics, "--metrics")):
         check_output_path(path, param)  # before training, not after it
     device = _device(cfg)

@@ -1,0 +1,210 @@
+"""`thinwire train --waves 2`: data-parallel tick-tock training, one loop per wave.
+
+Every process of the job runs `train(cfg)` under torchrun, two per device slot (see
+`schedule.py` for the layout). The loop is `thinwire.train.loop`'s step (same models, data,
+optimizer, schedule and gradient synchronisation through `grad_sync.register`) with the
+handshake around the forward, a record of each iteration's phases and a memory sampler.
+Without torchrun (no ``RANK``) the command starts itself on one node with two processes.
+
+Each process takes its own ``--batch-size`` samples per step from the epoch's order, as every
+rank of `thinwire train` does, so a step of the whole job uses world x batch samples: two
+waves are one data-parallel job with twice the ranks, and its result is that of data-parallel
+training with the combined batch (tested against a float64 single-process reference).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from thinwire.output import check_output_path, write_json_atomic
+from thinwire.train import data, grad_sync, models
+from thinwire.train.config import TrainConfig
+from thinwire.wavelet import memory
+from thinwire.wavelet.schedule import TickTock, Wave, check_turn, check_waves
+
+log = logging.getLogger("thinwire.wavelet")
+WARMUP_STEPS = 2
+PROBE_BATCH = 8
+# Options of `thinwire train` this loop does not implement; refused rather than ignored.
+UNSUPPORTED = {"checkpoint": None, "resume": None, "stop_after": 0, "checkpoint_every": 0,
+               "metrics": None, "amp": "none", "stop_at_target": False, "budget_s": 0.0}
+
+
+def check_config(cfg: TrainConfig) -> None:
+    check_waves(cfg.waves)
+    check_turn(cfg.wave_turn, "--wave-turn")
+    if cfg.algorithm == "diloco":
+        raise ValueError("--algorithm diloco is not supported with --waves 2 (allowed: a "
+                         "gradient-sync algorithm; the two waves are one data-parallel job)")
+    for name, default in UNSUPPORTED.items():
+        if getattr(cfg, name) != default:
+            raise ValueError(f"--{name.replace('_', '-')} is not supported with --waves 2 "
+                             f"(allowed: its default, {default!r}), got {getattr(cfg, name)!r}")
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Run one wave of ``cfg`` (``cfg.waves == 2``); returns the summary on rank 0."""
+    check_config(cfg)
+    check_output_path(cfg.summary, "--summary")
+    if "RANK" not in os.environ:
+        return _launch_locally(cfg)
+    from thinwire.wavelet import tallmlp
+    tallmlp.register()
+    memory.release_freed_memory()
+    owns = not dist.is_initialized()
+    if owns:
+        dist.init_process_group("gloo")
+    try:
+        return _train(cfg, Wave.from_env(cfg.waves))
+    finally:
+        if owns:
+            import gc
+            gc.collect()
+            dist.destroy_process_group()
+
+
+def _launch_locally(cfg: TrainConfig) -> dict:
+    """One node, one device slot: a tick and a tock process through torchrun on loopback."""
+    from thinwire.cluster import ClusterSpec, run
+
+    with tempfile.TemporaryDirectory(prefix="thinwire-waves-") as folder:
+        config = os.path.join(folder, "config.json")
+        summary = cfg.summary or os.path.join(folder, "summary.json")
+        write_json_atomic(config, {**dataclasses.asdict(cfg), "summary": summary})
+        status = run(ClusterSpec(1, cfg.waves, shaping=False),
+                     ["-m", "thinwire.wavelet", "--config", config])
+        if status:
+            raise RuntimeError(f"--waves {cfg.waves}: a wave failed (status {status}; its "
+                               f"error is above) and the run was stopped")
+        with open(summary) as handle:
+            return json.load(handle)
+
+
+def _device(wave: Wave) -> torch.device:
+    if torch.cuda.is_available():  # the two waves of a slot share its device
+        torch.cuda.set_device(wave.local_rank // wave.waves)
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _check_memory(cfg, wave, module, ds, opt, device) -> dict:
+    """Refuses a node limit below one wave's peak, before anything large is allocated."""
+    from thinwire.train.loop import _batch, _step
+
+    probe_batch = min(PROBE_BATCH, cfg.batch_size)
+    index = torch.arange(probe_batch)
+    x, y = _batch(ds, index, device)
+    # one small step allocates gradients and optimizer state (lr 0: the weights stay)
+    lrs = [group["lr"] for group in opt.param_groups]
+    for group in opt.param_groups:
+        group["lr"] = 0.0
+    _step(cfg, module, opt, None, None, x, y, device)
+    for group, lr in zip(opt.param_groups, lrs):
+        group["lr"] = lr
+    # resident now: runtime, data, weights and optimizer state; gradients are freed by _step
+    # but live from the first backward to the update, so they count in the peak
+    grads = sum(p.numel() * p.element_size() for p in module.parameters())
+    resident = (memory.anon_bytes() or 0) + grads
+    opt.state.clear()  # start the run itself with no optimizer state, as plain training does
+    # per sample: the difference between two batch sizes (weights are saved once, not per
+    # sample)
+    saved = [memory.saved_activation_bytes(
+        lambda a, b: models.loss_and_correct(module, a, b)[0], x[:n], y[:n])
+        for n in (max(probe_batch // 2, 1), probe_batch)]
+    per_sample = max(saved[1] - saved[0], 0) / max(probe_batch - probe_batch // 2, 1) \
+        if probe_batch > 1 else saved[0]
+    peak = memory.estimate_wave_peak(resident, per_sample, cfg.batch_size,
+                                     wave.slots_per_node)
+    node = memory.NodeMemory()
+    valley = memory.estimate_wave_peak(resident, 0, cfg.batch_size, wave.slots_per_node)
+    memory.check_node_limit(node.limit_bytes(), peak, cfg.batch_size, wave.waves, valley)
+    return {"estimated_wave_peak_bytes": peak, "resident_bytes": resident,
+            "activation_bytes_per_sample": per_sample,
+            "node_limit_bytes": node.limit_bytes()}
+
+
+def _train(cfg: TrainConfig, wave: Wave) -> dict:
+    from thinwire.train.loop import _batch, _optimizer, evaluate
+
+    rank, world = wave.rank, wave.world
+    device = _device(wave)
+    torch.manual_seed(cfg.seed)
+    ds = data.load(models.data_name(cfg.model))
+    module = models.build(cfg.model, cfg.seed).to(device)
+    steps_per_epoch = len(data.rank_batches(len(ds), cfg.batch_size, rank, world, cfg.seed, 0))
+    total_steps = cfg.epochs * steps_per_epoch
+    if cfg.max_iters:
+        total_steps = min(total_steps, cfg.max_iters)
+    opt, sched = _optimizer(cfg, module, total_steps)
+    estimate = _check_memory(cfg, wave, module, ds, opt, device)
+    model = DistributedDataParallel(module)
+    sync = grad_sync.register(model, cfg.algorithm, cfg.density, cfg.selector,
+                              cfg.powersgd_rank, cfg.seed, wave.local_world,
+                              cfg.momentum if cfg.momentum_correction else 0.0,
+                              cfg.dense_warmup_steps,
+                              cfg.weight_decay if cfg.momentum_correction else 0.0,
+                              wire=cfg.wire)
+    ticktock = TickTock(wave, turn=cfg.wave_turn)
+    ticktock.attach(module)
+    node_memory = memory.NodeMemory() if wave.local_rank == 0 else None
+    sampler = memory.Sampler(node_memory).start()
+    dist.barrier()
+    step, epoch, losses, timed_from = 0, 0, [], None
+    while step < total_steps:
+        batches = data.rank_batches(len(ds), cfg.batch_size, rank, world, cfg.seed, epoch)
+        for index in batches[:total_steps - step]:
+            if step == WARMUP_STEPS:
+                timed_from = time.time()
+            x, y = _batch(ds, index, device)
+            with ticktock.forward(step):
+                loss, _, _ = models.loss_and_correct(model, x, y)
+            backward_from = time.time()
+            loss.backward()  # DDP's hook synchronises; backward returns when it is done
+            synced = time.time()
+            computed = ticktock.backward_done_at
+            ticktock.record(step, "backward", backward_from, computed)
+            ticktock.record(step, "sync", computed, synced)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            ticktock.record(step, "update", synced, time.time())
+            losses.append(float(loss.detach()))
+            step += 1
+            if rank == 0 and cfg.log_every and step % cfg.log_every == 0:
+                log.info("step %d/%d loss %.4f", step, total_steps, losses[-1])
+        epoch += 1
+    timed_to = time.time()
+    ticktock.close()
+    samples = sampler.stop()
+    accuracy, test_loss = evaluate(cfg, module, ds, device)
+    record = {"rank": rank, "wave": wave.index, "node": wave.node, "slot": wave.slot,
+              "events": ticktock.events, "memory": samples, "estimate": estimate,
+              "sync_totals": sync.totals()}
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(record, gathered, dst=0)
+    if rank != 0:
+        return {}
+    timed_steps = max(step - WARMUP_STEPS, 0)
+    elapsed = timed_to - timed_from if timed_from is not None else None
+    summary = {
+        "config": cfg.to_dict(), "waves": wave.waves, "world_size": world,
+        "processes_per_node": wave.local_world, "steps": step, "timed_steps": timed_steps,
+        "samples_per_step": world * cfg.batch_size,
+        "samples_per_s": (timed_steps * world * cfg.batch_size / elapsed) if elapsed else None,
+        "step_ms": 1000 * elapsed / timed_steps if timed_steps else None,
+        "samples_seen": step * world * cfg.batch_size, "final_train_loss": losses[-1],
+        "test_accuracy": accuracy, "test_loss": test_loss, "timed_from": timed_from,
+        "timed_to": timed_to, "ranks": gathered}
+    if cfg.summary:
+        write_json_atomic(cfg.summary, summary)
+    return summary
