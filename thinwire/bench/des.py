@@ -14,14 +14,11 @@ latter is how the DES paper counts its 72-99.77% "in theory".
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
-import sys
-import tempfile
 
-from thinwire.bench.report import format_table, save_if_asked
+from thinwire.bench.report import format_table, run_cluster_worker, save_if_asked
 from thinwire.cliargs import integer
 
 log = logging.getLogger(__name__)
@@ -32,19 +29,10 @@ COLUMNS = ("dataset", "model", "method", "bytes_per_iter", "comm_reduction_vs_ps
 
 def _launch(spec, dataset, models, methods, extra, timeout_s, synthetic_steps) -> dict:
     """One cluster run of `thinwire.recsys.train` over every (model, method): its rows."""
-    from thinwire.cluster import run as run_on_cluster
-
-    with tempfile.TemporaryDirectory(prefix="thinwire-bench-des-") as tmp:
-        out = os.path.join(tmp, "rows.json")
-        command = ["-m", "thinwire.recsys.train", "--out", out, "--dataset", dataset,
-                   "--models", *models, "--methods", *methods, *(extra or [])]
-        if dataset == "synthetic":  # the real data sets run whole epochs
-            command += ["--max-steps", str(synthetic_steps)]
-        status = run_on_cluster(spec, command, timeout_s=timeout_s, output=sys.stderr)
-        if status != 0:
-            raise RuntimeError(f"the benchmark ranks failed with exit status {status}")
-        with open(out) as handle:
-            return json.load(handle)
+    args = ["--dataset", dataset, "--models", *models, "--methods", *methods, *(extra or [])]
+    if dataset == "synthetic":  # the real data sets run whole epochs
+        args += ["--max-steps", str(synthetic_steps)]
+    return run_cluster_worker(spec, "thinwire.recsys.train", args, timeout_s)
 
 
 def run(spec, datasets=("movielens", "synthetic"), models=("lr", "fm", "wide_deep", "deepfm"),

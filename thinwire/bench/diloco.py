@@ -11,13 +11,9 @@ comparison with torchft on loopback (no shaping: both exchange the same bytes ov
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import sys
-import tempfile
 
-from thinwire.bench.report import format_table, save_if_asked
+from thinwire.bench.report import format_table, run_cluster_worker, save_if_asked
 
 SPARSE_OPTIONS = ("sparse_density", "chunk", "bits", "ef_decay", "sparse_outer_lr",
                   "sparse_outer_momentum")
@@ -33,23 +29,14 @@ def run(spec, configs, steps: int, batch: int, density: float, eval_every: int,
         target_bits: float | None, model: str = "transformer", lr: float = 3e-3,
         outer_density: float | None = None, timeout_s: float = 3600,
         sparse: dict | None = None) -> dict:
-    from thinwire.cluster import run as run_on_cluster
-
-    with tempfile.TemporaryDirectory(prefix="thinwire-bench-diloco-") as tmp:
-        out = os.path.join(tmp, "rows.json")
-        command = ["-m", "thinwire.bench.diloco_worker", "--out", out, "--model", model,
-                   "--steps", str(steps), "--batch", str(batch), "--density", str(density),
-                   "--eval-every", str(eval_every), "--lr", str(lr)]
-        if outer_density is not None:
-            command += ["--outer-density", str(outer_density)]
-        for key, value in (sparse or {}).items():  # the diloco-sparseloco-H settings
-            command += [f"--{key.replace('_', '-')}", str(value)]
-        command += ["--configs", *configs]
-        status = run_on_cluster(spec, command, timeout_s=timeout_s, output=sys.stderr)
-        if status != 0:
-            raise RuntimeError(f"the benchmark ranks failed with exit status {status}")
-        with open(out) as handle:
-            result = json.load(handle)
+    args = ["--model", model, "--steps", str(steps), "--batch", str(batch),
+            "--density", str(density), "--eval-every", str(eval_every), "--lr", str(lr)]
+    if outer_density is not None:
+        args += ["--outer-density", str(outer_density)]
+    for key, value in (sparse or {}).items():  # the diloco-sparseloco-H settings
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    args += ["--configs", *configs]
+    result = run_cluster_worker(spec, "thinwire.bench.diloco_worker", args, timeout_s)
     rows = {row["config"]: row for row in result["rows"]}
     # default target: what per-step hitopk reaches at the end (else the worst final value)
     target = target_bits if target_bits is not None else \

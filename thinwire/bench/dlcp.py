@@ -11,12 +11,8 @@ the link rate, and dlcp's counters; the ratios come from the same run.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-import tempfile
 
-from thinwire.bench.report import format_table, save_if_asked
+from thinwire.bench.report import format_table, run_cluster_worker, save_if_asked
 from thinwire.cluster.cli import add_resource_options, resource_kwargs
 
 COLUMNS = ("algorithm", "mean_s", "p50_s", "p99_s", "p99_vs_gloo", "mean_vs_wire", "wire_s",
@@ -27,19 +23,11 @@ BASELINE = "topk_allgather"
 
 def run(spec, size: int, density: float, steps: int, epsilon: float, bulk: bool,
         bulk_port: int = 45000, timeout_s: float = 1800) -> dict:
-    from thinwire.cluster import run as run_on_cluster
-
-    with tempfile.TemporaryDirectory(prefix="thinwire-bench-dlcp-") as tmp:
-        out = os.path.join(tmp, "rows.json")
-        command = ["-m", "thinwire.bench.dlcp_worker", "--out", out, "--size", str(size),
-                   "--density", str(density), "--steps", str(steps), "--epsilon", str(epsilon),
-                   "--algorithms", "dlcp", BASELINE,
-                   "--bulk-port", str(bulk_port if bulk else 0)]
-        status = run_on_cluster(spec, command, timeout_s=timeout_s, output=sys.stderr)
-        if status != 0:
-            raise RuntimeError(f"the benchmark ranks failed with exit status {status}")
-        with open(out) as handle:
-            result = json.load(handle)
+    result = run_cluster_worker(
+        spec, "thinwire.bench.dlcp_worker",
+        ["--size", str(size), "--density", str(density), "--steps", str(steps),
+         "--epsilon", str(epsilon), "--algorithms", "dlcp", BASELINE,
+         "--bulk-port", str(bulk_port if bulk else 0)], timeout_s)
     by_name = {row["algorithm"]: row for row in result["rows"]}
     for row in result["rows"]:
         row["p99_vs_gloo"] = row["p99_s"] / by_name[BASELINE]["p99_s"]

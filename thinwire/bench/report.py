@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import sys
+import tempfile
 import time
 from typing import Any, Callable
 
 from thinwire.output import format_table, write_json_atomic
 
-__all__ = ["format_table", "median_time", "save_if_asked", "write_json_atomic"]
+__all__ = ["format_table", "median_time", "run_cluster_worker", "save_if_asked",
+           "write_json_atomic"]
 
 
 def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 1,
@@ -36,3 +40,18 @@ def save_if_asked(path: str | os.PathLike | None, payload: Any) -> None:
     if path:
         write_json_atomic(path, payload)
         print(f"wrote {path}")
+
+
+def run_cluster_worker(spec, module: str, args: list[str], timeout_s: float) -> dict:
+    """Runs ``python -m module --out FILE *args`` on every rank of the emulated cluster ``spec``
+    and returns the JSON its rank 0 wrote to FILE (a benchmark's worker side)."""
+    from thinwire.cluster import run as run_on_cluster
+
+    with tempfile.TemporaryDirectory(prefix="thinwire-bench-") as tmp:
+        out = os.path.join(tmp, "rows.json")
+        status = run_on_cluster(spec, ["-m", module, "--out", out, *args], timeout_s=timeout_s,
+                                output=sys.stderr)
+        if status != 0:
+            raise RuntimeError(f"the benchmark ranks of {module} failed with exit status {status}")
+        with open(out) as handle:
+            return json.load(handle)

@@ -9,11 +9,8 @@ communication. Ratios to allreduce and topk_allgather come from the same run.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-import tempfile
 
-from thinwire.bench.report import format_table, save_if_asked
+from thinwire.bench.report import format_table, run_cluster_worker, save_if_asked
 from thinwire import collectives
 from thinwire.cluster.cli import add_resource_options, resource_kwargs
 
@@ -24,21 +21,12 @@ COLUMNS = ("algorithm", "median_s", "vs_allreduce", "vs_topk_allgather", "inter_
 def run(spec, size: int = 25_600_000, bucket_mb: float = 25.0, density: float = 0.01,
         selector: str = "mstopk", algorithms=None, repeats: int = 5,
         timeout_s: float = 1800) -> dict:
-    from thinwire.cluster import run as run_on_cluster
-
     algorithms = list(algorithms or collectives.names())
-    with tempfile.TemporaryDirectory(prefix="thinwire-bench-sync-") as tmp:
-        out = os.path.join(tmp, "rows.json")
-        command = ["-m", "thinwire.bench.sync_worker", "--out", out, "--size", str(size),
-                   "--bucket-mb", str(bucket_mb), "--density", str(density),
-                   "--selector", selector, "--repeats", str(repeats),
-                   "--algorithms", *algorithms]
-        status = run_on_cluster(spec, command, timeout_s=timeout_s, output=sys.stderr)
-        if status != 0:
-            raise RuntimeError(f"the benchmark ranks failed with exit status {status}")
-        import json
-        with open(out) as handle:
-            result = json.load(handle)
+    result = run_cluster_worker(
+        spec, "thinwire.bench.sync_worker",
+        ["--size", str(size), "--bucket-mb", str(bucket_mb), "--density", str(density),
+         "--selector", selector, "--repeats", str(repeats), "--algorithms", *algorithms],
+        timeout_s)
     by_name = {row["algorithm"]: row for row in result["rows"]}
     for row in result["rows"]:
         row["inter_mb"] = row["bytes_inter"] / 1e6

@@ -26,7 +26,7 @@ from functools import lru_cache
 
 import torch
 
-from thinwire.collectives import registry
+from thinwire.collectives import registry, traffic
 from thinwire.compress import WIRE_DTYPES, packed_bytes
 from thinwire.topk import k_for_density, validate_density
 
@@ -147,3 +147,14 @@ def selection(rates: SparseRates, numel: int, received: int) -> float:
 def padded_length(elements: int, parts: int) -> int:
     """``elements`` rounded up to a multiple of ``parts`` (equal shards)."""
     return -(-elements // parts) * parts
+
+
+def world_sparse_allgather(cfg, cluster: Cluster, net, elements: int,
+                           rates: SparseRates) -> BucketCost:
+    """Every rank's top-k (values and indices) all-gathered by all ranks, then summed: the
+    selection over ``elements`` and the sum of the W received blocks."""
+    w = cluster.world_size
+    k, block = sparse_block(elements, cfg.density)
+    total = world_ring(cluster, net, w - 1, traffic.world_allgather, block)
+    total.select_s = selection(rates, elements, w * k)
+    return total

@@ -117,13 +117,9 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     return sum_sparse(result.parts, numel, values.dtype, values.device).div_(topo.world_size)
 
 
+# the lossless model of topk_allgather's exchange: the same bytes, sent directly
 def cost(cfg, cluster, net, elements: int, rates) -> costs.BucketCost:
-    # the lossless model of topk_allgather's exchange: the same bytes, sent directly
-    w = cluster.world_size
-    k, block = costs.sparse_block(elements, cfg.density)
-    total = costs.world_ring(cluster, net, w - 1, traffic.world_allgather, block)
-    total.select_s = costs.selection(rates, elements, w * k)
-    return total
+    return costs.world_sparse_allgather(cfg, cluster, net, elements, rates)
 
 
 ALGORITHM = register(Algorithm(

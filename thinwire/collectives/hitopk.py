@@ -21,9 +21,9 @@ import torch.distributed as dist
 
 from thinwire.collectives import costs, traffic
 from thinwire.collectives.primitives import (dense_allreduce, padded, reduce_scatter,
-                                             sum_sparse)
+                                              select_and_allgather, sum_blocks)
 from thinwire.collectives.registry import Algorithm, register
-from thinwire.compress import pack, packed_bytes, to_wire, unpack
+from thinwire.compress import packed_bytes, to_wire
 
 
 def sparse_back(nodes: int, shard: int, k: int, value_dtype: torch.dtype,
@@ -54,29 +54,19 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
         state.feedback.convert_velocity(
             bucket_index, own, lambda u: n * padded(u, n)[lo:lo + s])
     corrected = state.feedback.add_residual(bucket_index, own)
-    with state.timer("select"):
-        values, indices = state.compressor.select(corrected)
-    k = values.numel()
-    payload = pack(values, indices, s)
-    state.feedback.keep(bucket_index, corrected, indices)
-    received = torch.empty(m * payload.numel(), dtype=torch.uint8, device=payload.device)
-    with state.timer("inter", members=m):
-        dist.all_gather_single(received, payload, group=topo.inter)
+    received, k, value_dtype, block_bytes = select_and_allgather(
+        state, bucket_index, corrected, topo.inter, m)
     state.record(traffic.intra_reduce_scatter(topo, full.numel(), wire_size))
-    state.record(traffic.inter_allgather(topo, payload.numel()))
-    if sparse_back(m, s, k, values.dtype, wire_size):
+    state.record(traffic.inter_allgather(topo, block_bytes))
+    if sparse_back(m, s, k, value_dtype, wire_size):
         node = torch.empty(n * received.numel(), dtype=torch.uint8, device=received.device)
         with state.timer("intra", members=n):
             dist.all_gather_single(node, received, group=topo.intra)
         state.record(traffic.Traffic(intra=(n - 1) * received.numel()))
-        out = torch.empty(n * s, dtype=values.dtype, device=values.device)
-        for j, blocks in enumerate(node.chunk(n)):
-            parts = [unpack(block, k, values.dtype, s) for block in blocks.chunk(m)]
-            out[j * s:(j + 1) * s] = sum_sparse(parts, s, values.dtype, values.device)
+        out = torch.cat([sum_blocks(blocks, m, k, value_dtype, s) for blocks in node.chunk(n)])
         out.div_(topo.world_size)
         return out[:flat.numel()].to(flat.dtype)
-    parts = [unpack(block, k, values.dtype, s) for block in received.chunk(m)]
-    dense = sum_sparse(parts, s, values.dtype, values.device).div_(topo.world_size)
+    dense = sum_blocks(received, m, k, value_dtype, s).div_(topo.world_size)
     with state.timer("intra", members=n):
         dist.all_gather_single(full, to_wire(dense, state.wire_dtype), group=topo.intra)
     state.record(traffic.intra_allgather(topo, full.numel(), wire_size))

@@ -61,24 +61,35 @@ def sum_sparse(parts, numel: int, dtype, device) -> torch.Tensor:
     return dense
 
 
-def sparse_allgather(state, bucket_index: int, corrected: torch.Tensor, group, group_size: int,
-                     phase: str = "inter"):
+def select_and_allgather(state, bucket_index: int, corrected: torch.Tensor, group,
+                         group_size: int, phase: str = "inter"):
     """Top-k of ``corrected`` (the kept-back part stored as the residual), all-gathered among
-    ``group`` in one packed collective; returns (dense sum of every member's selection, bytes of
-    one member's block)."""
-    numel = corrected.numel()
+    ``group`` in one packed collective; returns (the members' packed blocks, one after the
+    other, as bytes; k; the values' dtype; bytes of one block)."""
     with state.timer("select"):
         values, indices = state.compressor.select(corrected)
-    payload = pack(values, indices, numel)
+    payload = pack(values, indices, corrected.numel())
     state.feedback.keep(bucket_index, corrected, indices)
     gathered = torch.empty(group_size * payload.numel(), dtype=torch.uint8,
                            device=payload.device)
     with state.timer(phase, members=group_size):
         dist.all_gather_single(gathered, payload, group=group)
-    k = values.numel()
-    parts = [unpack(chunk, k, values.dtype, numel) for chunk in gathered.chunk(group_size)]
-    return sum_sparse(parts, numel, values.dtype, values.device), packed_bytes(k, values.dtype,
-                                                                               numel)
+    return gathered, values.numel(), values.dtype, payload.numel()
+
+
+def sum_blocks(gathered: torch.Tensor, members: int, k: int, dtype, numel: int) -> torch.Tensor:
+    """Dense sum of ``members`` packed (values, indices) blocks of k entries each."""
+    parts = [unpack(chunk, k, dtype, numel) for chunk in gathered.chunk(members)]
+    return sum_sparse(parts, numel, dtype, gathered.device)
+
+
+def sparse_allgather(state, bucket_index: int, corrected: torch.Tensor, group, group_size: int,
+                     phase: str = "inter"):
+    """select_and_allgather, summed: (dense sum of every member's selection, bytes of one
+    member's block)."""
+    gathered, k, dtype, block_bytes = select_and_allgather(state, bucket_index, corrected, group,
+                                                           group_size, phase)
+    return sum_blocks(gathered, group_size, k, dtype, corrected.numel()), block_bytes
 
 
 def sparse_alltoall(state, parts, numel: int, group, phase: str, equal_sizes: bool = False,

@@ -21,11 +21,7 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
 
 
 def cost(cfg, cluster, net, elements: int, rates) -> costs.BucketCost:
-    w = cluster.world_size
-    k, block = costs.sparse_block(elements, cfg.density)
-    total = costs.world_ring(cluster, net, w - 1, traffic.world_allgather, block)
-    total.select_s = costs.selection(rates, elements, w * k)
-    return total
+    return costs.world_sparse_allgather(cfg, cluster, net, elements, rates)
 
 
 ALGORITHM = register(Algorithm(

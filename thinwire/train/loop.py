@@ -178,8 +178,9 @@ def _fits(cfg: TrainConfig, module: torch.nn.Module, opt, sched):
     return check
 
 
-def _train(cfg: TrainConfig, device: torch.device) -> dict:
-    rank, world = dist.get_rank(), dist.get_world_size()
+def _setup(cfg: TrainConfig, rank: int, world: int, device: torch.device):
+    """This rank's data set, model, schedule length and optimizer (the same for every entry
+    point that trains `cfg`): (ds, module, steps_per_epoch, total_steps, opt, sched)."""
     torch.manual_seed(cfg.seed)
     ds = data.load(models.data_name(cfg.model))
     module = models.build(cfg.model, cfg.seed).to(device)
@@ -188,6 +189,25 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
     if cfg.max_iters:
         total_steps = min(total_steps, cfg.max_iters)
     opt, sched = _optimizer(cfg, module, total_steps)
+    return ds, module, steps_per_epoch, total_steps, opt, sched
+
+
+def register_sync(cfg: TrainConfig, model: DistributedDataParallel, ranks_per_node):
+    """`cfg`'s gradient synchronisation on a DDP model, with every setting of the run."""
+    return grad_sync.register(model, cfg.algorithm, cfg.density, cfg.selector,
+                              cfg.powersgd_rank, cfg.seed, ranks_per_node,
+                              cfg.momentum if cfg.momentum_correction else 0.0,
+                              cfg.dense_warmup_steps,
+                              cfg.weight_decay if cfg.momentum_correction else 0.0,
+                              wire=cfg.wire,
+                              density_warmup_steps=cfg.density_warmup_steps,
+                              density_warmup_from=cfg.density_warmup_from,
+                              powersgd_start_iter=cfg.powersgd_start_iter)
+
+
+def _train(cfg: TrainConfig, device: torch.device) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ds, module, steps_per_epoch, total_steps, opt, sched = _setup(cfg, rank, world, device)
     saved = checkpoint.load(cfg.resume, rank, cfg, world, steps_per_epoch=steps_per_epoch,
                             check=_fits(cfg, module, opt, sched)) if cfg.resume else None
     if saved is not None:
@@ -205,15 +225,7 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
         model = sync.model
     else:
         model = DistributedDataParallel(module, device_ids=device_ids)
-        sync = grad_sync.register(model, cfg.algorithm, cfg.density, cfg.selector,
-                                  cfg.powersgd_rank, cfg.seed, cfg.ranks_per_node,
-                                  cfg.momentum if cfg.momentum_correction else 0.0,
-                                  cfg.dense_warmup_steps,
-                                  cfg.weight_decay if cfg.momentum_correction else 0.0,
-                                  wire=cfg.wire,
-                                  density_warmup_steps=cfg.density_warmup_steps,
-                                  density_warmup_from=cfg.density_warmup_from,
-                                  powersgd_start_iter=cfg.powersgd_start_iter)
+        sync = register_sync(cfg, model, cfg.ranks_per_node)
     if cfg.algorithm in ("diloco", "torchft-diloco"):
         sync.attach(opt)  # a post-step hook on opt runs the outer step
     scaler = torch.amp.GradScaler("cuda") if cfg.amp == "fp16" else None

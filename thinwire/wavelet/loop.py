@@ -18,7 +18,6 @@ import dataclasses
 import json
 import logging
 import os
-import sys
 import tempfile
 import time
 
@@ -27,7 +26,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from thinwire.output import check_output_path, write_json_atomic
-from thinwire.train import data, grad_sync, models
+from thinwire.train import data, models
 from thinwire.train.config import TrainConfig
 from thinwire.wavelet import memory
 from thinwire.wavelet.schedule import TickTock, Wave, check_turn, check_waves
@@ -134,26 +133,14 @@ def _check_memory(cfg, wave, module, ds, opt, device) -> dict:
 
 
 def _train(cfg: TrainConfig, wave: Wave) -> dict:
-    from thinwire.train.loop import _batch, _optimizer, evaluate
+    from thinwire.train.loop import _batch, _setup, evaluate, register_sync
 
     rank, world = wave.rank, wave.world
     device = _device(wave)
-    torch.manual_seed(cfg.seed)
-    ds = data.load(models.data_name(cfg.model))
-    module = models.build(cfg.model, cfg.seed).to(device)
-    steps_per_epoch = len(data.rank_batches(len(ds), cfg.batch_size, rank, world, cfg.seed, 0))
-    total_steps = cfg.epochs * steps_per_epoch
-    if cfg.max_iters:
-        total_steps = min(total_steps, cfg.max_iters)
-    opt, sched = _optimizer(cfg, module, total_steps)
+    ds, module, _, total_steps, opt, sched = _setup(cfg, rank, world, device)
     estimate = _check_memory(cfg, wave, module, ds, opt, device)
     model = DistributedDataParallel(module)
-    sync = grad_sync.register(model, cfg.algorithm, cfg.density, cfg.selector,
-                              cfg.powersgd_rank, cfg.seed, wave.local_world,
-                              cfg.momentum if cfg.momentum_correction else 0.0,
-                              cfg.dense_warmup_steps,
-                              cfg.weight_decay if cfg.momentum_correction else 0.0,
-                              wire=cfg.wire)
+    sync = register_sync(cfg, model, wave.local_world)
     ticktock = TickTock(wave, turn=cfg.wave_turn)
     ticktock.attach(module)
     node_memory = memory.NodeMemory() if wave.local_rank == 0 else None
