@@ -74,11 +74,18 @@ class ErrorFeedback:
             corrected.add_(residual.to(corrected.device))
         return corrected
 
-    def keep(self, bucket_index: int, corrected: torch.Tensor, sent: torch.Tensor) -> None:
-        """Residual = corrected input with the sent entries zeroed (takes ownership)."""
+    def keep(self, bucket_index: int, corrected: torch.Tensor, sent: torch.Tensor,
+             sent_values: torch.Tensor | None = None) -> None:
+        """Residual = corrected input minus what was sent (takes ownership): the sent entries
+        zeroed, or, where ``sent_values`` (as they travelled, e.g. rounded to fp16) are given,
+        left with their rounding error. ``x - fp32(fp16(x))`` is exact in x's dtype, so what
+        is applied plus the residual is exactly the corrected input."""
         if not self.enabled:
             return
-        corrected[sent] = 0
+        if sent_values is None or sent_values.dtype == corrected.dtype:
+            corrected[sent] = 0
+        else:
+            corrected[sent] -= sent_values.to(corrected.dtype)
         self.residuals[bucket_index] = corrected
         if self.momentum:
             self.velocities[bucket_index][sent] = 0

@@ -22,7 +22,7 @@ from thinwire import collectives
 from thinwire.collectives.primitives import dense_allreduce
 from thinwire.collectives.registry import DEFAULT_DENSE_BELOW_BYTES
 from thinwire.collectives.traffic import Traffic
-from thinwire.compress import TopK, wire_dtype
+from thinwire.compress import TopK, sparse_wire_dtype, wire_dtype
 from thinwire.feedback import ErrorFeedback
 
 # What a checkpoint must agree on to continue this state's residuals (see load_state_dict).
@@ -59,6 +59,9 @@ class SyncState:
     * ``algorithm``: a name from :func:`thinwire.collectives.names`;
     * ``density``, ``selector``, ``selector_options``: the top-k of the sparse algorithms;
     * ``wire``: ``None``/"none", "fp16" or "bf16" for the dense parts on the wire;
+    * ``sparse_wire``: "fp32" (default), "fp16" or "bf16" for the selected values of the
+      sparse algorithms that take it (``Algorithm.sparse_wire``); the rounding error stays in
+      the error-feedback residual. Their indices are always coded narrow (exact; compress.py);
     * ``error_feedback``: keep what top-k did not send (sparse algorithms);
     * ``dense_below_bytes``: sparse algorithms all-reduce smaller buckets densely;
     * ``momentum_correction``: DGC's momentum in the hook (sparse, with error feedback); the
@@ -86,7 +89,7 @@ class SyncState:
                  momentum_correction: float = 0.0, dense_iterations: int = 0,
                  weight_decay: float = 0.0, nonfinite: str = "raise",
                  algorithm_options: dict | None = None, density_warmup_steps: int = 0,
-                 density_warmup_from: float = 0.25):
+                 density_warmup_from: float = 0.25, sparse_wire: str = "fp32"):
         spec = collectives.get(algorithm)
         if not isinstance(error_feedback, bool):
             raise ValueError(f"error_feedback must be True or False, got {error_feedback!r}")
@@ -96,6 +99,13 @@ class SyncState:
         self.compressor = TopK(density, selector, dict(selector_options or {}))
         self.wire = None if wire in (None, "none") else wire
         self.wire_dtype = wire_dtype(wire)
+        self.sparse_wire_dtype = sparse_wire_dtype(sparse_wire)
+        if sparse_wire != "fp32" and not spec.sparse_wire:
+            raise ValueError(f"sparse_wire={sparse_wire!r} applies to the algorithms that send "
+                             f"their own selection ({', '.join(collectives.sparse_wire_names())}"
+                             f"); {algorithm!r} sends values in the gradient's dtype, so "
+                             "sparse_wire must be 'fp32' there")
+        self.sparse_wire = sparse_wire
         self.dense_below_bytes = _check_int("dense_below_bytes", dense_below_bytes)
         self.dense_iterations = _check_int("dense_iterations", dense_iterations)
         self.density_warmup_steps = _check_int("density_warmup_steps", density_warmup_steps)
@@ -133,6 +143,7 @@ class SyncState:
         return {"algorithm": self.algorithm, "density": self.compressor.density,
                 "selector": self.compressor.selector,
                 "selector_options": dict(self.compressor.options), "wire": self.wire,
+                "sparse_wire": self.sparse_wire,
                 "error_feedback": self.error_feedback,
                 "dense_below_bytes": self.dense_below_bytes,
                 "momentum_correction": self.feedback.momentum,
@@ -266,6 +277,7 @@ class SyncState:
         state["topology"] = None  # process groups do not pickle
         state["feedback"] = self.feedback.state_dict()
         state["wire_dtype"] = None
+        state["sparse_wire_dtype"] = None
         return state
 
     def __setstate__(self, state):
@@ -273,7 +285,8 @@ class SyncState:
         for name, default in (("nonfinite", "raise"), ("dense_iterations", 0),
                               ("density_warmup_steps", 0), ("density_warmup_from", 0.25),
                               ("weight_decay", 0.0), ("_bucket", None),
-                              ("algorithm_options", {}), ("algorithm_state", {})):
+                              ("algorithm_options", {}), ("algorithm_state", {}),
+                              ("sparse_wire", "fp32")):
             state.setdefault(name, default)
         state.setdefault("error_feedback", bool(state["feedback"].get("enabled", True)))
         feedback = ErrorFeedback()
@@ -281,6 +294,7 @@ class SyncState:
         state["feedback"] = feedback
         self.__dict__.update(state)
         self.wire_dtype = wire_dtype(self.wire)
+        self.sparse_wire_dtype = sparse_wire_dtype(self.sparse_wire)
 
     def state_dict(self) -> dict:
         """Plain tensors and numbers (loads with ``torch.load(weights_only=True)``)."""

@@ -329,6 +329,31 @@ def sampled(x: torch.Tensor, k: int, sample_fraction: float = 0.005,
     return exact(flat, k)
 
 
+# --------------------------------------------------------------------------- with a hint
+
+
+def top_k_above(x: torch.Tensor, k: int, threshold: float, most: float = 4.0):
+    """The exact top-k of ``x`` found among the entries with ``|x| >= threshold`` (one screened
+    pass and a top-k over those), or None where that set holds fewer than k entries (it then
+    cannot hold the top-k) or more than ``most * k`` (the top-k over it would cost more than a
+    search). Returns (values, indices, how many entries passed the threshold).
+
+    A threshold carried over from the previous step of the same bucket (error feedback keeps
+    the magnitudes' distribution steady from step to step) makes this one pass, where MSTopK
+    needs several; the result is the same exact top-k (up to ties)."""
+    flat = _flat_checked(x, k)
+    work = _work_dtype(flat.dtype)
+    if not bool(torch.isfinite(flat.sum(dtype=work))):  # NaN/Inf: the full check names it
+        _abs_max(flat)
+    members, magnitudes = _entries_at_least(flat, torch.tensor(threshold, dtype=work))
+    count = members.numel()
+    if count < k or count > most * k:
+        return None
+    top = torch.topk(magnitudes, k, sorted=False).indices
+    indices = members[top]
+    return flat[indices], indices, count
+
+
 # --------------------------------------------------------------------------- front door
 
 _SELECTORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {

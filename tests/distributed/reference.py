@@ -37,7 +37,10 @@ class Reference:
     """Runs one algorithm over steps on all ranks' gradients at once."""
 
     def __init__(self, algorithm: str, nodes: int, ranks_per_node: int, density: float,
-                 momentum: float = 0.0):
+                 momentum: float = 0.0, sparse_wire: torch.dtype | None = None):
+        # sparse_wire: the dtype the selected values travel in (their rounding error stays in
+        # the residual); None: they travel as they are
+        self.sparse_wire = sparse_wire
         self.algorithm, self.m, self.n, self.density = algorithm, nodes, ranks_per_node, density
         self.world = nodes * ranks_per_node
         self.residuals: dict = {}
@@ -50,10 +53,13 @@ class Reference:
             self.velocities[key] = g
         return g + self.residuals.get(key, 0)
 
-    def _sent(self, key, c: torch.Tensor, sent_mask: torch.Tensor) -> None:
+    def _sent(self, key, c: torch.Tensor, sent_mask: torch.Tensor,
+              sent: torch.Tensor | None = None) -> None:
         """What was sent (finally applied) leaves the residual and, with momentum, the
-        velocity."""
-        self.residuals[key] = torch.where(sent_mask, torch.zeros_like(c), c)
+        velocity; ``sent`` (where given) is what was applied at the mask, rounded for the
+        wire."""
+        kept = torch.zeros_like(c) if sent is None else c - sent
+        self.residuals[key] = torch.where(sent_mask, kept, c)
         if self.momentum:
             u = self.velocities[key]
             self.velocities[key] = torch.where(sent_mask, torch.zeros_like(u), u)
@@ -63,7 +69,11 @@ class Reference:
         (velocity u = m u + g accumulated into the residual, both masked where sent)."""
         c = self._corrected(key, g)
         sent, _ = _sparsify(c, self.density, shards)
-        self._sent(key, c, sent != 0)
+        mask = sent != 0  # the test gradients are never exactly 0
+        if self.sparse_wire is not None:
+            top = torch.finfo(self.sparse_wire).max
+            sent = torch.where(mask, sent.clamp(-top, top).to(self.sparse_wire).double(), sent)
+        self._sent(key, c, mask, sent)
         return sent
 
     def step(self, grads: list[torch.Tensor]) -> torch.Tensor:

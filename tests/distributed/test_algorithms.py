@@ -119,9 +119,11 @@ def _check_conservation(results, refs, algorithm, world):
             torch.testing.assert_close(held, refs[i].held_back(length), rtol=0, atol=1e-12)
 
 
-def _packed(k, value_bytes):
-    """k int32 indices and k values, each section padded to 8 bytes."""
-    return math.ceil(k * 4 / 8) * 8 + math.ceil(k * value_bytes / 8) * 8
+def _packed(k, value_bytes, numel):
+    """k coded indices below numel (the smaller of 16-bit offsets in 65536-entry chunks plus a
+    4-byte count per chunk, and a bitmap) and k values, each section padded to 8 bytes."""
+    index_bytes = min(2 * k + 4 * math.ceil(numel / 65536), math.ceil(numel / 8))
+    return math.ceil(index_bytes / 8) * 8 + math.ceil(k * value_bytes / 8) * 8
 
 
 def _alltoall(rank, n, per_destination):
@@ -140,7 +142,7 @@ def _check_bytes(results, algorithm, m, n, refs):
         for d, ref in zip(LENGTHS, refs):
             if algorithm == "topk_a2a":  # equal blocks of k_s entries, then a dense all-gather
                 length = math.ceil(d / w)
-                block = _packed(math.ceil(DENSITY * length), b)
+                block = _packed(math.ceil(DENSITY * length), b, length)
                 intra, inter = intra + (n - 1) * block, inter + (m - 1) * n * block
                 volume = (w - 1) * length * b
                 inter += volume if last_local else 0
@@ -153,8 +155,8 @@ def _check_bytes(results, algorithm, m, n, refs):
                 inter += volume if last_local else 0
                 intra += 0 if last_local else volume
                 for blocks in ([8] * w,
-                               [_packed(c, b) for c in ref.sent_counts[rank]],
-                               [_packed(ref.region_nonzeros[rank], b)] * w):
+                               [_packed(c, b, d) for c in ref.sent_counts[rank]],
+                               [_packed(ref.region_nonzeros[rank], b, d)] * w):
                     got = _alltoall(rank, n, blocks)
                     intra, inter = intra + got[0], inter + got[1]
                 continue
@@ -167,13 +169,13 @@ def _check_bytes(results, algorithm, m, n, refs):
                 intra += 2 * (n - 1) / n * padded * b
                 inter += 2 * (m - 1) / m * (padded / n) * b
             elif algorithm == "topk_allgather":
-                volume = (w - 1) * _packed(math.ceil(DENSITY * d), b)
+                volume = (w - 1) * _packed(math.ceil(DENSITY * d), b, d)
                 inter += volume if last_local else 0
                 intra += 0 if last_local else volume
             else:  # hitopk: (n-1)/n d intra (reduce-scatter), (m-1) blocks of density*d/n
                 # entries inter, then the m received blocks all-gathered inside the node (they
                 # are smaller than the dense shard at this density)
-                block = _packed(math.ceil(DENSITY * padded / n), b)
+                block = _packed(math.ceil(DENSITY * padded / n), b, padded // n)
                 assert m * block < padded / n * b
                 intra += (n - 1) / n * padded * b + (n - 1) * m * block
                 inter += (m - 1) * block

@@ -215,4 +215,11 @@ def sync_with_settings(rank, world, ranks_per_node, algorithm, lengths, steps, s
         thinwire.synchronize(params, state, bucket_bytes=1)
         out.append([p.grad.clone() for p in params])
     return {"grads": out, "densities": densities, "feedback": state.feedback.state_dict(),
-            "topology": (topo.nodes, topo.node, topo.local_rank)}
+            "topology": (topo.nodes, topo.node, topo.local_rank), "last_step": state.last_step}
+
+
+def sync_settings_many(rank, world, ranks_per_node, configs, lengths, steps):
+    """sync_with_settings for several (name, algorithm, settings) in one launch."""
+    return {name: sync_with_settings(rank, world, ranks_per_node, algorithm, lengths, steps,
+                                     settings)
+            for name, algorithm, settings in configs}

@@ -71,9 +71,11 @@ def test_topk_a2a_cost_is_its_all_to_all_plus_a_dense_all_gather():
     block = packed_bytes(math.ceil(density * length), torch.float32, length)
     assert c.inter_bytes == pytest.approx((w - 1) * (block + length * 4))
     assert c.comm_s == pytest.approx(2 * (w - 1) * 50e-6 + (w - 1) * (block + length * 4) / 1e9)
-    # the issue's (2k + d)(P-1)/P elements of 4 bytes
-    assert c.inter_bytes == pytest.approx((2 * density * d + d) * (w - 1) / w * 4, rel=1e-6)
-    assert c.select_s == pytest.approx(w * 1e-4 + d / 1e9 + w * block / 8 / 2e9)
+    # the issue's (2k + d)(P-1)/P elements of 4 bytes, with the coded indices' 2 bytes an
+    # entry (and a 4-byte count per 65536 positions) for the issue's 4: (1.5k + d)(P-1)/P
+    assert c.inter_bytes == pytest.approx((1.5 * density * d + d) * (w - 1) / w * 4, rel=1e-4)
+    k = math.ceil(density * length)
+    assert c.select_s == pytest.approx(w * 1e-4 + d / 1e9 + w * k / 2e9)
 
 
 def test_oktopk_sends_about_two_k_pairs_per_rank_whatever_the_world_size():
@@ -81,9 +83,10 @@ def test_oktopk_sends_about_two_k_pairs_per_rank_whatever_the_world_size():
     k = density * d
     for w in (8, 32):
         c = _cost("oktopk", w, 1, d, density=density)
-        steady = 2 * (w - 1) / w * k * 8  # k(P-1)/P pairs reduced, k(P-1)/P gathered
+        share = packed_bytes(math.ceil(k / w), torch.float32, d)  # k/P coded pairs
+        steady = 2 * (w - 1) * share  # k(P-1)/P pairs reduced, k(P-1)/P gathered
         # plus, every tau = 32 steps, up to k pairs per owner gathered instead of k/P
-        estimate = (w - 1) * (k - k / w) * 8 / 32
+        estimate = (w - 1) * (packed_bytes(int(k), torch.float32, d) - share) / 32
         assert c.inter_bytes == pytest.approx(steady + estimate, rel=1e-3)
     flat = _cost("topk_allgather", 32, 1, d, density=density)
     assert flat.inter_bytes > 7 * _cost("oktopk", 32, 1, d, density=density).inter_bytes

@@ -32,6 +32,9 @@ from thinwire.train.config import TrainConfig
     ({"powersgd_start_iter": 1}, ["--powersgd-start-iter", "1", ">= 2"]),
     ({"wire": "int8"}, ["--wire", "'int8'", "none", "fp16", "bf16"]),
     ({"wire": "bf16", "algorithm": "powersgd"}, ["--wire", "--algorithm powersgd", "hitopk"]),
+    ({"sparse_wire": "int8"}, ["--sparse-wire", "'int8'", "fp32", "fp16", "bf16"]),
+    ({"sparse_wire": "fp16", "algorithm": "oktopk"},
+     ["--sparse-wire", "--algorithm oktopk", "hitopk", "topk_a2a"]),
 ])
 def test_train_config_errors_name_parameter_value_and_allowed(changes, words):
     with pytest.raises(ValueError) as info:

@@ -12,7 +12,8 @@ import importlib
 import pkgutil
 
 from thinwire.collectives import registry
-from thinwire.collectives.registry import Algorithm, get, names, register, sparse_names
+from thinwire.collectives.registry import (Algorithm, get, names, register, sparse_names,
+                                           sparse_wire_names)
 
 _SUPPORT = {"registry", "primitives", "traffic", "costs"}  # helpers, not algorithms
 
@@ -20,4 +21,5 @@ for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     if _module not in _SUPPORT:
         importlib.import_module(f"{__name__}.{_module}")
 
-__all__ = ["Algorithm", "get", "names", "register", "registry", "sparse_names"]
+__all__ = ["Algorithm", "get", "names", "register", "registry", "sparse_names",
+           "sparse_wire_names"]

@@ -27,7 +27,7 @@ from functools import lru_cache
 import torch
 
 from thinwire.collectives import registry, traffic
-from thinwire.compress import WIRE_DTYPES, packed_bytes
+from thinwire.compress import SPARSE_WIRES, WIRE_DTYPES, packed_bytes
 from thinwire.topk import k_for_density, validate_density
 
 GRAD_ELEMENT_SIZE = 4  # gradients are fp32 (DDP keeps fp32 parameters under autocast)
@@ -133,10 +133,16 @@ def inter_phase(cluster: Cluster, net, steps: int, fn, *args) -> BucketCost:
 
 
 @lru_cache(maxsize=4096)
-def sparse_block(numel: int, density: float) -> tuple[int, int]:
+def sparse_block(numel: int, density: float,
+                 value_dtype: torch.dtype = torch.float32) -> tuple[int, int]:
     """(k, bytes of one rank's packed values + indices) for a selection over ``numel``."""
     k = k_for_density(numel, density)
-    return k, packed_bytes(k, torch.float32, numel)
+    return k, packed_bytes(k, value_dtype, numel)
+
+
+def sparse_value_dtype(cfg) -> torch.dtype:
+    """The dtype the selected values travel in under ``cfg`` (fp32 where it names none)."""
+    return SPARSE_WIRES[getattr(cfg, "sparse_wire", None) or "fp32"] or torch.float32
 
 
 def selection(rates: SparseRates, numel: int, received: int) -> float:
@@ -154,7 +160,7 @@ def world_sparse_allgather(cfg, cluster: Cluster, net, elements: int,
     """Every rank's top-k (values and indices) all-gathered by all ranks, then summed: the
     selection over ``elements`` and the sum of the W received blocks."""
     w = cluster.world_size
-    k, block = sparse_block(elements, cfg.density)
+    k, block = sparse_block(elements, cfg.density, sparse_value_dtype(cfg))
     total = world_ring(cluster, net, w - 1, traffic.world_allgather, block)
     total.select_s = selection(rates, elements, w * k)
     return total

@@ -63,10 +63,11 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
         with state.timer("intra", members=n):
             dist.all_gather_single(node, received, group=topo.intra)
         state.record(traffic.Traffic(intra=(n - 1) * received.numel()))
-        out = torch.cat([sum_blocks(blocks, m, k, value_dtype, s) for blocks in node.chunk(n)])
+        out = torch.cat([sum_blocks(blocks, m, k, value_dtype, s, flat.dtype)
+                         for blocks in node.chunk(n)])
         out.div_(topo.world_size)
         return out[:flat.numel()].to(flat.dtype)
-    dense = sum_blocks(received, m, k, value_dtype, s).div_(topo.world_size)
+    dense = sum_blocks(received, m, k, value_dtype, s, flat.dtype).div_(topo.world_size)
     with state.timer("intra", members=n):
         dist.all_gather_single(full, to_wire(dense, state.wire_dtype), group=topo.intra)
     state.record(traffic.intra_allgather(topo, full.numel(), wire_size))
@@ -80,10 +81,11 @@ def cost(cfg, cluster, net, elements: int, rates) -> costs.BucketCost:
                                 cfg.wire_size)
     n, m, size = cluster.ranks_per_node, cluster.nodes, cfg.wire_size
     full = costs.padded_length(elements, n)
-    k, block = costs.sparse_block(full // n, cfg.density)
+    value_dtype = costs.sparse_value_dtype(cfg)
+    k, block = costs.sparse_block(full // n, cfg.density, value_dtype)
     total = costs.intra_phase(cluster, net, traffic.intra_reduce_scatter, full, size)
     total += costs.inter_phase(cluster, net, m - 1, traffic.inter_allgather, block)
-    if sparse_back(m, full // n, k, torch.float32, size):
+    if sparse_back(m, full // n, k, value_dtype, size):
         total += costs.intra_phase(cluster, net, lambda topo: traffic.Traffic(
             intra=(topo.ranks_per_node - 1) * m * block))
         total.select_s = costs.selection(rates, full // n, n * m * k)
@@ -94,6 +96,6 @@ def cost(cfg, cluster, net, elements: int, rates) -> costs.BucketCost:
 
 
 ALGORITHM = register(Algorithm(
-    "hitopk", reduce, cost, sparse=True,
+    "hitopk", reduce, cost, sparse=True, sparse_wire=True,
     summary="HiTopKComm: intra-node reduce-scatter, top-k of the shard all-gathered between "
             "nodes, the received selections all-gathered inside the node"))

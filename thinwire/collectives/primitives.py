@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from thinwire.collectives import traffic
-from thinwire.compress import pack, packed_bytes, to_wire, unpack
+from thinwire.compress import pack, packed_bytes, to_sparse_wire, to_wire, unpack
 
 
 def padded(flat: torch.Tensor, parts: int) -> torch.Tensor:
@@ -56,9 +56,22 @@ def sum_sparse(parts, numel: int, dtype, device) -> torch.Tensor:
     two ranks must add up."""
     dense = torch.zeros(numel, dtype=dtype, device=device)
     parts = list(parts)
-    if parts:
-        dense.index_add_(0, torch.cat([i for _, i in parts]), torch.cat([v for v, _ in parts]))
+    if parts:  # values that travelled narrower than the sum's dtype widen exactly here
+        dense.index_add_(0, torch.cat([i for _, i in parts]),
+                         torch.cat([v for v, _ in parts]).to(dtype))
     return dense
+
+
+def select_for_wire(state, bucket_index: int, corrected: torch.Tensor):
+    """Top-k of ``corrected`` with its values rounded to ``state.sparse_wire_dtype``; the
+    residual keeps what was not sent, the rounding error of what was included, so that
+    (what is applied) + residual == corrected exactly. Returns (values as they travel,
+    indices)."""
+    with state.timer("select"):
+        values, indices = state.compressor.select(corrected, key=bucket_index)
+    values = to_sparse_wire(values, state.sparse_wire_dtype)
+    state.feedback.keep(bucket_index, corrected, indices, values)
+    return values, indices
 
 
 def select_and_allgather(state, bucket_index: int, corrected: torch.Tensor, group,
@@ -66,10 +79,8 @@ def select_and_allgather(state, bucket_index: int, corrected: torch.Tensor, grou
     """Top-k of ``corrected`` (the kept-back part stored as the residual), all-gathered among
     ``group`` in one packed collective; returns (the members' packed blocks, one after the
     other, as bytes; k; the values' dtype; bytes of one block)."""
-    with state.timer("select"):
-        values, indices = state.compressor.select(corrected)
+    values, indices = select_for_wire(state, bucket_index, corrected)
     payload = pack(values, indices, corrected.numel())
-    state.feedback.keep(bucket_index, corrected, indices)
     gathered = torch.empty(group_size * payload.numel(), dtype=torch.uint8,
                            device=payload.device)
     with state.timer(phase, members=group_size):
@@ -77,10 +88,12 @@ def select_and_allgather(state, bucket_index: int, corrected: torch.Tensor, grou
     return gathered, values.numel(), values.dtype, payload.numel()
 
 
-def sum_blocks(gathered: torch.Tensor, members: int, k: int, dtype, numel: int) -> torch.Tensor:
-    """Dense sum of ``members`` packed (values, indices) blocks of k entries each."""
+def sum_blocks(gathered: torch.Tensor, members: int, k: int, dtype, numel: int,
+               out_dtype=None) -> torch.Tensor:
+    """Dense sum, in ``out_dtype`` (default: the values' ``dtype``), of ``members`` packed
+    (values, indices) blocks of k entries each."""
     parts = [unpack(chunk, k, dtype, numel) for chunk in gathered.chunk(members)]
-    return sum_sparse(parts, numel, dtype, gathered.device)
+    return sum_sparse(parts, numel, out_dtype or dtype, gathered.device)
 
 
 def sparse_allgather(state, bucket_index: int, corrected: torch.Tensor, group, group_size: int,
@@ -89,7 +102,8 @@ def sparse_allgather(state, bucket_index: int, corrected: torch.Tensor, group, g
     member's block)."""
     gathered, k, dtype, block_bytes = select_and_allgather(state, bucket_index, corrected, group,
                                                            group_size, phase)
-    return sum_blocks(gathered, group_size, k, dtype, corrected.numel()), block_bytes
+    return sum_blocks(gathered, group_size, k, dtype, corrected.numel(),
+                      corrected.dtype), block_bytes
 
 
 def sparse_alltoall(state, parts, numel: int, group, phase: str, equal_sizes: bool = False,

@@ -17,6 +17,9 @@ without other edits.
   bucket for the simulator (:mod:`thinwire.collectives.costs` has the building blocks).
 * ``sparse``: the algorithm selects top-k and keeps error feedback (density, selector,
   momentum correction and dense warm-up apply to it).
+* ``sparse_wire``: the algorithm sends its own top-k selection through the shared
+  ``primitives.select_for_wire`` (or rounds it with ``compress.to_sparse_wire`` and hands the
+  rounded values to ``feedback.keep``), so ``SyncState(sparse_wire="fp16"|"bf16")`` applies.
 * ``options(dict) -> dict``: optional; checks the algorithm's own settings
   (``SyncState(algorithm_options=...)``) and fills in their defaults. An algorithm without it
   takes none.
@@ -39,6 +42,7 @@ class Algorithm:
     sparse: bool = False
     summary: str = ""
     options: Callable[[dict], dict] | None = None
+    sparse_wire: bool = False
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -87,6 +91,11 @@ def names() -> tuple[str, ...]:
 
 def sparse_names() -> tuple[str, ...]:
     return tuple(name for name, algorithm in _ALGORITHMS.items() if algorithm.sparse)
+
+
+def sparse_wire_names() -> tuple[str, ...]:
+    """The algorithms whose selected values may travel in fp16/bf16 (``sparse_wire``)."""
+    return tuple(name for name, algorithm in _ALGORITHMS.items() if algorithm.sparse_wire)
 
 
 def is_sparse(name: str) -> bool:

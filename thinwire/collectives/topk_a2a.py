@@ -22,7 +22,7 @@ from thinwire.collectives import costs, traffic
 from thinwire.collectives.primitives import (dense_allreduce, padded, sparse_alltoall,
                                              sum_sparse)
 from thinwire.collectives.registry import Algorithm, register
-from thinwire.compress import packed_bytes, to_wire
+from thinwire.compress import packed_bytes, to_sparse_wire, to_wire
 
 
 def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
@@ -35,8 +35,11 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     length = shards.shape[1]
     with state.timer("select"):
         parts = [state.compressor.select(shard) for shard in shards]  # shard-local indices
+    parts = [(to_sparse_wire(v, state.sparse_wire_dtype), i) for v, i in parts]
     sent = torch.cat([indices + s * length for s, (_, indices) in enumerate(parts)])
-    state.feedback.keep(bucket_index, corrected, sent[sent < d])  # padding is never kept
+    real = sent < d  # padding is never kept
+    state.feedback.keep(bucket_index, corrected, sent[real],
+                        torch.cat([v for v, _ in parts])[real])
     phase = "inter" if topo.nodes > 1 else "intra"
     received, _ = sparse_alltoall(state, parts, length, topo.world, phase, equal_sizes=True)
     own = sum_sparse(received, length, flat.dtype, flat.device).div_(p)
@@ -45,7 +48,7 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     with state.timer(phase):
         dist.all_gather_single(full, own, group=topo.world)
     k = parts[0][0].numel()
-    state.record(traffic.world_alltoall(topo, packed_bytes(k, flat.dtype, length)))
+    state.record(traffic.world_alltoall(topo, packed_bytes(k, parts[0][0].dtype, length)))
     state.record(traffic.world_allgather(topo, length * own.element_size()))
     return full[:d].to(flat.dtype)
 
@@ -56,7 +59,7 @@ def cost(cfg, cluster, net, elements: int, rates) -> costs.BucketCost:
         return costs.world_ring(cluster, net, 2 * (w - 1), traffic.world_allreduce, elements,
                                 cfg.wire_size)
     length = costs.padded_length(elements, w) // w
-    k, block = costs.sparse_block(length, cfg.density)
+    k, block = costs.sparse_block(length, cfg.density, costs.sparse_value_dtype(cfg))
     # all-to-all: W-1 pairwise exchanges; all-gather: a ring of W-1 steps
     total = costs.world_ring(cluster, net, w - 1, traffic.world_alltoall, block)
     total += costs.world_ring(cluster, net, w - 1, traffic.world_allgather,
@@ -67,6 +70,6 @@ def cost(cfg, cluster, net, elements: int, rates) -> costs.BucketCost:
 
 
 ALGORITHM = register(Algorithm(
-    "topk_a2a", reduce, cost, sparse=True,
+    "topk_a2a", reduce, cost, sparse=True, sparse_wire=True,
     summary="TopKA2A (flat): top-k per shard, one all-to-all to each shard's owner, which "
             "sums its shard; dense all-gather of the shards"))

@@ -25,5 +25,5 @@ def cost(cfg, cluster, net, elements: int, rates) -> costs.BucketCost:
 
 
 ALGORITHM = register(Algorithm(
-    "topk_allgather", reduce, cost, sparse=True,
+    "topk_allgather", reduce, cost, sparse=True, sparse_wire=True,
     summary="top-k with error feedback on every rank, values+indices all-gathered by all ranks"))

@@ -147,6 +147,8 @@ class CompareSettings:
                      "density_warmup_steps": 0}
         if not grad_sync.is_thinwire(algorithm):  # PyTorch's peers have their own wire format
             extra["wire"] = "none"
+        if algorithm not in collectives.sparse_wire_names():  # values in the gradient's dtype
+            extra["sparse_wire"] = "fp32"
         if algorithm == "torchft-diloco":  # torchft's recipe: one fragment, dense, no overlap
             extra.update(outer_algorithm="allreduce", fragments=1, overlap=False)
         return dataclasses.replace(

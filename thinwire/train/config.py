@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 
 from thinwire import collectives
-from thinwire.compress import WIRE_DTYPES
+from thinwire.compress import SPARSE_WIRES, WIRE_DTYPES
 from thinwire.train import grad_sync, models, quality
 
 OPTIMIZERS = ("sgd", "lars")
@@ -30,6 +30,7 @@ class TrainConfig:
     density: float = 0.01
     selector: str = "mstopk"
     wire: str = "none"               # thinwire algorithms: dense parts on the wire (fp16, bf16)
+    sparse_wire: str = "fp32"        # sparse algorithms: the selected values on the wire
     powersgd_rank: int = 4
     optimizer: str = "sgd"
     lr: float | None = None          # None: the model's default (models.MODELS)
@@ -95,6 +96,11 @@ class TrainConfig:
             raise ValueError(f"--wire applies to thinwire's algorithms "
                              f"({', '.join(collectives.names())}); --algorithm {self.algorithm} "
                              f"has its own wire format, got --wire {self.wire}")
+        _choice("--sparse-wire", self.sparse_wire, tuple(SPARSE_WIRES))
+        if self.sparse_wire != "fp32" and self.algorithm not in collectives.sparse_wire_names():
+            raise ValueError(f"--sparse-wire applies to {', '.join(collectives.sparse_wire_names())}"
+                             f"; got --algorithm {self.algorithm} with --sparse-wire "
+                             f"{self.sparse_wire}")
         grad_sync.check_powersgd_rank(self.powersgd_rank)
         _choice("--optimizer", self.optimizer, OPTIMIZERS)
         _choice("--amp", self.amp, AMP_MODES)
@@ -211,6 +217,10 @@ def add_arguments(parser: argparse.ArgumentParser, exclude: tuple = ()) -> None:
     a("--selector", default=d.selector, help=f"top-k selector: {', '.join(grad_sync.SELECTORS)}")
     a("--wire", default=d.wire, help=f"thinwire's algorithms: dtype of the dense parts on the "
       f"wire, one of {', '.join(WIRE_DTYPES)} (default {d.wire})")
+    a("--sparse-wire", default=d.sparse_wire,
+      help=f"sparse algorithms that send their own top-k ({', '.join(collectives.sparse_wire_names())}"
+      f"): dtype of the selected values on the wire, one of {', '.join(SPARSE_WIRES)} (default "
+      f"{d.sparse_wire}; the rounding error stays in the error-feedback residual)")
     a("--powersgd-rank", type=int, default=d.powersgd_rank, help="PowerSGD's matrix rank")
     a("--optimizer", default=d.optimizer, help="sgd (momentum) or lars")
     a("--lr", type=float, default=None,

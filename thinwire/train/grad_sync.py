@@ -112,7 +112,7 @@ def register(model: DistributedDataParallel, algorithm: str, density: float = 0.
              dense_warmup_steps: int = 0, weight_decay_in_hook: float = 0.0,
              wire: str | None = None, density_warmup_steps: int = 0,
              density_warmup_from: float = 0.25,
-             powersgd_start_iter: int = POWERSGD_START_ITER) -> Sync:
+             powersgd_start_iter: int = POWERSGD_START_ITER, sparse_wire: str = "fp32") -> Sync:
     """Register ``algorithm`` on ``model`` (collective: every rank calls it)."""
     check_algorithm(algorithm)
     if is_thinwire(algorithm):  # settings were checked where they entered (TrainConfig)
@@ -123,7 +123,8 @@ def register(model: DistributedDataParallel, algorithm: str, density: float = 0.
                                       dense_iterations=dense_warmup_steps,
                                       weight_decay=weight_decay_in_hook, wire=wire,
                                       density_warmup_steps=density_warmup_steps,
-                                      density_warmup_from=density_warmup_from)
+                                      density_warmup_from=density_warmup_from,
+                                      sparse_wire=sparse_wire)
         return Sync(algorithm, state)
     if algorithm == "ddp":
         return Sync(algorithm)

@@ -199,7 +199,7 @@ def register_sync(cfg: TrainConfig, model: DistributedDataParallel, ranks_per_no
                               cfg.momentum if cfg.momentum_correction else 0.0,
                               cfg.dense_warmup_steps,
                               cfg.weight_decay if cfg.momentum_correction else 0.0,
-                              wire=cfg.wire,
+                              wire=cfg.wire, sparse_wire=cfg.sparse_wire,
                               density_warmup_steps=cfg.density_warmup_steps,
                               density_warmup_from=cfg.density_warmup_from,
                               powersgd_start_iter=cfg.powersgd_start_iter)

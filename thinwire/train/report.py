@@ -150,7 +150,8 @@ def _settings_lines(s: dict) -> list[str]:
              f"- thinwire's sparse methods (`topk_allgather`, `hitopk`): density {s['density']},"
              f" selector `{s['selector']}`, dense warm-up steps {s['dense_warmup_steps']}, "
              f"density warm-up {s.get('density_warmup_steps', 0)} steps from "
-             f"{s.get('density_warmup_from', 0.25)}, wire `{s.get('wire', 'none')}`, "
+             f"{s.get('density_warmup_from', 0.25)}, wire `{s.get('wire', 'none')}`, selected "
+             f"values on the wire in `{s.get('sparse_wire', 'fp32')}` (indices coded narrow), "
              f"momentum correction {'on' if s['momentum_correction'] else 'off'}; "
              f"`allreduce`/`hier_allreduce`: thinwire's dense fp32 all-reduce (flat/hierarchical)."]
     return lines
