@@ -1,5 +1,9 @@
 """`thinwire bench topk`: selection time and quality per method, size and density.
 
+Method "mstopk-hint" is what the sparse algorithms run in steady state
+(``compress.TopK.select(x, key=bucket)``): the threshold carried over from the bucket's last
+selection, here primed on a perturbed copy of x (10% noise) as the previous step.
+
 Each row: the median of several runs, the speed-up over ``torch.topk(x.abs(), k, sorted=False)``
 measured in the same run, the number of entries selected, the captured top-k mass, and the time
 of one ``x.abs()`` pass over the same tensor (the memory-bandwidth yardstick).
@@ -12,11 +16,13 @@ import platform
 
 import torch
 
-from thinwire import cliargs, topk
+from thinwire import cliargs, compress, topk
 from thinwire.bench.report import format_table, median_time, save_if_asked
 
 DEFAULT_SIZES = (1_000_000, 25_600_000, 110_000_000)  # 1M, ResNet-50, BERT-base
 DEFAULT_DENSITIES = (0.01, 0.001)
+HINTED = "mstopk-hint"
+METHODS = topk.METHODS + (HINTED,)
 COLUMNS = ("size", "density", "method", "median_s", "speedup_vs_torch_topk", "selected",
            "captured_mass", "abs_pass_s")
 
@@ -38,7 +44,15 @@ def _fits(size: int, device: torch.device) -> bool:
         return True
 
 
-def run(sizes=DEFAULT_SIZES, densities=DEFAULT_DENSITIES, methods=topk.METHODS,
+def _hinted(x: torch.Tensor, density: float, generator: torch.Generator):
+    """A TopK whose bucket-0 threshold was carried from a perturbed copy of ``x``."""
+    selector = compress.TopK(density)
+    noise = torch.randn(x.shape, generator=generator, device=x.device)
+    selector.select(x + 0.1 * x.abs().mean() * noise, key=0)
+    return lambda: selector.select(x, key=0)
+
+
+def run(sizes=DEFAULT_SIZES, densities=DEFAULT_DENSITIES, methods=METHODS,
         repeats: int = 5, device: str = "cpu", seed: int = 0) -> list[dict]:
     dev = torch.device(device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else None
@@ -56,6 +70,10 @@ def run(sizes=DEFAULT_SIZES, densities=DEFAULT_DENSITIES, methods=topk.METHODS,
             for method in ("exact",) + tuple(m for m in methods if m != "exact"):
                 if method == "exact":
                     seconds, indices = baseline_s, _torch_topk(x, k).indices
+                elif method == HINTED:
+                    select = _hinted(x, density, generator)
+                    seconds = median_time(select, repeats, sync=sync)
+                    indices = select()[1]
                 else:
                     seconds = median_time(lambda: topk.select(x, k, method), repeats, sync=sync)
                     indices = topk.select(x, k, method)[1]
@@ -104,7 +122,7 @@ def register(bench_subparsers) -> None:
                         help="vector lengths to select from")
     parser.add_argument("--densities", type=_density, nargs="+", default=list(DEFAULT_DENSITIES),
                         help="shares of entries to select")
-    parser.add_argument("--methods", nargs="+", choices=topk.METHODS, default=list(topk.METHODS),
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
                         help="selection methods to time")
     parser.add_argument("--repeats", type=_positive_int, default=5,
                         help="timed selections per case (the median is reported)")
