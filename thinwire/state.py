@@ -133,7 +133,6 @@ class SyncState:
         self.topology = topology
         self.steps = 0
         self._bucket = None  # the bucket being reduced, for error messages
-        self._nonfinite_flags, self._nonfinite_work = None, None  # see settle_nonfinite
         self.last_step: dict = {}
         self.totals = _empty_step()
         self._current = _empty_step()
@@ -180,26 +179,22 @@ class SyncState:
             raise TypeError(f"gradients must have a floating dtype, got {flat.dtype}")
         self.feedback.layout = layout
         self._bucket = bucket_index
-        algorithm = collectives.get(self.algorithm)
-        self._start_nonfinite_check(flat)
-        dense_step = self.steps < self.dense_iterations
-        if (dense_step or not algorithm.late_nonfinite_check) and self.settle_nonfinite():
+        if self._any_rank_nonfinite(flat):
             return torch.zeros_like(flat)  # policy "skip" (or it raised)
-        if dense_step:
+        if self.steps < self.dense_iterations:
             return self.feedback.dense_momentum(bucket_index, dense_allreduce(self, flat))
+        algorithm = collectives.get(self.algorithm)
         density = self.density_at(self.steps)
+        if density == self.compressor.density:
+            return algorithm.reduce(self, bucket_index, flat)
+        # A warm-up step: the algorithms read state.compressor, so it is this step's for the
+        # length of the call (buckets are reduced one at a time, by one thread).
         configured = self.compressor
-        if density != configured.density:
-            # A warm-up step: the algorithms read state.compressor, so it is this step's for
-            # the length of the call (buckets are reduced one at a time, by one thread).
-            self.compressor = TopK(density, configured.selector, dict(configured.options))
+        self.compressor = TopK(density, configured.selector, dict(configured.options))
         try:
-            result = algorithm.reduce(self, bucket_index, flat)
+            return algorithm.reduce(self, bucket_index, flat)
         finally:
             self.compressor = configured
-        if self._nonfinite_work is not None and self.settle_nonfinite():
-            return torch.zeros_like(flat)  # an algorithm that never asked: decided here
-        return result
 
     def density_at(self, step: int) -> float:
         """The top-k density of ``step`` (the density warm-up's, or the configured one)."""
@@ -210,32 +205,16 @@ class SyncState:
         start = self.density_warmup_from
         return start * (final / start) ** (t / self.density_warmup_steps)
 
-    def _start_nonfinite_check(self, flat: torch.Tensor) -> None:
-        """Starts the all-reduce by which all ranks learn together whether any rank's bucket
-        holds a NaN or Inf (a sparse selection would fail on one rank only and leave the
-        others waiting); :meth:`settle_nonfinite` waits for it. Asynchronous, so that an
-        algorithm with ``late_nonfinite_check`` runs its first collective (hitopk: the
-        intra-node reduce-scatter, on another group) while this one is under way."""
+    def _any_rank_nonfinite(self, flat: torch.Tensor) -> bool:
+        """All ranks learn together whether any rank's bucket holds a NaN or Inf (a sparse
+        selection would fail on one rank only and leave the others waiting)."""
         topo = self.topology
         flags = torch.zeros(topo.world_size, dtype=torch.float32, device=flat.device)
         flags[topo.rank] = 0.0 if _all_finite(flat) else 1.0
-        work = None
         if topo.world_size > 1:
             with self.timer("inter" if topo.nodes > 1 else "intra"):
-                work = dist.all_reduce(flags, group=topo.world, async_op=True)
-        self._nonfinite_flags, self._nonfinite_work = flags, work or _Done()
-
-    def settle_nonfinite(self) -> bool:
-        """Whether this bucket is skipped because some rank's holds a NaN/Inf (policy
-        "skip"); raises FloatingPointError on every rank under "raise". Every rank calls it
-        for every bucket, before anything that could fail on a non-finite value."""
-        work, self._nonfinite_work = self._nonfinite_work, None
-        if work is None:
-            return False  # settled already
-        topo = self.topology
-        with self.timer("inter" if topo.nodes > 1 else "intra"):
-            work.wait()
-        bad = [rank for rank, flag in enumerate(self._nonfinite_flags.tolist()) if flag]
+                dist.all_reduce(flags, group=topo.world)
+        bad = [rank for rank, flag in enumerate(flags.tolist()) if flag]
         if not bad:
             return False
         if self.nonfinite == "raise":
@@ -299,7 +278,6 @@ class SyncState:
         state["feedback"] = self.feedback.state_dict()
         state["wire_dtype"] = None
         state["sparse_wire_dtype"] = None
-        state["_nonfinite_flags"] = state["_nonfinite_work"] = None  # per call, never saved
         return state
 
     def __setstate__(self, state):
@@ -308,8 +286,7 @@ class SyncState:
                               ("density_warmup_steps", 0), ("density_warmup_from", 0.25),
                               ("weight_decay", 0.0), ("_bucket", None),
                               ("algorithm_options", {}), ("algorithm_state", {}),
-                              ("sparse_wire", "fp32"), ("_nonfinite_flags", None),
-                              ("_nonfinite_work", None)):
+                              ("sparse_wire", "fp32")):
             state.setdefault(name, default)
         state.setdefault("error_feedback", bool(state["feedback"].get("enabled", True)))
         feedback = ErrorFeedback()
@@ -346,13 +323,6 @@ class SyncState:
         self.feedback.load_state_dict(state["feedback"])
         self.algorithm_state = {int(i): dict(s)
                                 for i, s in state.get("algorithm_state", {}).items()}
-
-
-class _Done:
-    """The finished work of a one-rank world (nothing to wait for)."""
-
-    def wait(self) -> bool:
-        return True
 
 
 def _all_finite(flat: torch.Tensor) -> bool:

@@ -38,8 +38,6 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
                       "crosses a slow link, so it saves no time over allreduce (it is for "
                       "several nodes)", RuntimeWarning, stacklevel=2)
     if flat.numel() * flat.element_size() < state.dense_below_bytes:
-        if state.settle_nonfinite():
-            return torch.zeros_like(flat)
         return state.feedback.dense_momentum(bucket_index, dense_allreduce(state, flat))
     topo = state.topology
     n, m = topo.ranks_per_node, topo.nodes
@@ -49,10 +47,6 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     shard = torch.empty(s, dtype=full.dtype, device=full.device)
     with state.timer("intra", members=n):
         reduce_scatter(shard, full, topo.intra, n)
-    # the NaN/Inf flag's all-reduce (world group) ran alongside the reduce-scatter; it is
-    # settled before this rank's residual, velocity or selection is touched
-    if state.settle_nonfinite():
-        return torch.zeros_like(flat)
     own = shard.to(flat.dtype)
     if state.feedback.momentum:  # after a dense warm-up: the whole-bucket velocity of the
         # average becomes this rank's shard of the node's sum (n times the average's)
@@ -102,6 +96,6 @@ def cost(cfg, cluster, net, elements: int, rates) -> costs.BucketCost:
 
 
 ALGORITHM = register(Algorithm(
-    "hitopk", reduce, cost, sparse=True, sparse_wire=True, late_nonfinite_check=True,
+    "hitopk", reduce, cost, sparse=True, sparse_wire=True,
     summary="HiTopKComm: intra-node reduce-scatter, top-k of the shard all-gathered between "
             "nodes, the received selections all-gathered inside the node"))

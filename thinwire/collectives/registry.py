@@ -20,9 +20,6 @@ without other edits.
 * ``sparse_wire``: the algorithm sends its own top-k selection through the shared
   ``primitives.select_for_wire`` (or rounds it with ``compress.to_sparse_wire`` and hands the
   rounded values to ``feedback.keep``), so ``SyncState(sparse_wire="fp16"|"bf16")`` applies.
-* ``late_nonfinite_check``: ``reduce`` calls ``state.settle_nonfinite()`` itself (returning a
-  zero bucket where it says True) before anything that could fail on a NaN, so the all-ranks
-  NaN/Inf flag travels alongside its first collective instead of before it.
 * ``options(dict) -> dict``: optional; checks the algorithm's own settings
   (``SyncState(algorithm_options=...)``) and fills in their defaults. An algorithm without it
   takes none.
@@ -46,7 +43,6 @@ class Algorithm:
     summary: str = ""
     options: Callable[[dict], dict] | None = None
     sparse_wire: bool = False
-    late_nonfinite_check: bool = False
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.isidentifier():
