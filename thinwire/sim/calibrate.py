@@ -23,12 +23,16 @@ file's ``setting``, then its own ``setting`` object, then its own keys (later wi
   without communication; else ``iter_ms - sync_ms_per_iter``, thinwire compare's definition of
   the exposed synchronisation) and the hook's total ``comm_ms_per_iter + select_ms_per_iter``
   (top level or under ``hook``).
-* Algorithms: thinwire's four, plus ``ddp`` (modelled as allreduce) and ``ddp-fp16``
-  (allreduce with an fp16 wire); others (e.g. powersgd) are skipped and listed.
+* Algorithms: thinwire's registered ones, plus ``ddp`` (modelled as allreduce), ``ddp-fp16``
+  (allreduce with an fp16 wire) and ``powersgd`` (PyTorch's hook, :mod:`thinwire.sim.powersgd`:
+  needs a model of ``thinwire.train`` for its shapes, and ``powersgd_rank``, default 4); others
+  are skipped and listed.
 
 Fitted (log-space least squares within physical bounds, scipy): inter-node latency and
 goodput/nominal ratio, intra-node latency and bandwidth, one rate for selection and index_add
-plus a fixed cost per selection call, and one compute time (forward + backward + step) per
+plus a fixed cost per selection call, the rate of PowerSGD's memory-bound passes over a bucket
+(identified only where a powersgd run is among the data), and one compute time (forward +
+backward + step) per
 setting - on the emulated cluster every rank shares the host's cores, so compute time depends
 on the setting, and selection (work of the same cores) is slowed by the same factor as compute
 relative to the fastest setting. Residuals, all relative to the run's iteration time:
@@ -44,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+from thinwire.sim import powersgd
 from thinwire.sim.collectives import AlgorithmConfig, Cluster, SparseRates, names
 from thinwire.sim.compute import MODELS, TimedLayer, model, own_model, uniform
 from thinwire.sim.iteration import simulate
@@ -67,13 +72,14 @@ ITERATION_KEYS = {1.0: ("iteration_s", "s_per_iter", "sec_per_iter", "seconds_pe
                   1e-3: ("iter_ms", "iteration_ms", "ms_per_iter")}
 # compare's names for PyTorch's own DDP hooks -> (simulated algorithm, wire dtype)
 ALGORITHM_ALIASES = {"ddp": ("allreduce", None), "ddp-fp16": ("allreduce", "fp16")}
+PEERS = ("powersgd",)  # modelled outside the registry (thinwire.sim.powersgd)
 FIT_NAMES = ("inter_alpha_s", "inter_efficiency", "intra_alpha_s", "intra_bandwidth_Bps",
-             "sparse_rate", "sparse_alpha_s")
-START = (1e-4, 0.9, 5e-5, 1e9, 1e8, 1e-4)
+             "sparse_rate", "sparse_alpha_s", "pass_rate")
+START = (1e-4, 0.9, 5e-5, 1e9, 1e8, 1e-4, 1e9)
 # Physical ranges (a fit outside them trades one term for another): latencies 1 us - 0.1 s, at
 # most the nominal inter-node rate, 1 MB/s - 1 TB/s inside a node, 1e5 - 1e13 elements/s.
-LOWER = (1e-6, 0.05, 1e-6, 1e6, 1e5, 1e-7)
-UPPER = (0.1, 1.0, 0.1, 1e12, 1e13, 1.0)
+LOWER = (1e-6, 0.05, 1e-6, 1e6, 1e5, 1e-7, 1e6)
+UPPER = (0.1, 1.0, 0.1, 1e12, 1e13, 1.0, 1e12)
 COMPUTE_RANGE = (1e-5, 1e4)  # seconds per iteration
 
 
@@ -94,6 +100,8 @@ class Run:
     hook_s: float | None = None      # measured time inside the hook (selection + collectives)
     setting_index: int = 0
     extra: dict = field(default_factory=dict)
+    shapes: tuple | None = None      # parameter shapes (powersgd only)
+    powersgd_rank: int = 4
 
 
 def _pick(mapping: dict, key: str, default=None):
@@ -180,9 +188,9 @@ def _read_run(raw: dict, setting: dict, where: str, source: str) -> Run | str:
     merged = {**setting, **nested, **raw}
     measured = raw.get("algorithm")
     modelled, wire = ALGORITHM_ALIASES.get(measured, (measured, _pick(merged, "wire")))
-    if modelled not in names():
+    if modelled not in names() + PEERS:
         return (f"{where}: algorithm {measured!r} is not simulated (simulated: "
-                f"{', '.join(list(names()) + list(ALGORITHM_ALIASES))})")
+                f"{', '.join(list(names()) + list(ALGORITHM_ALIASES) + list(PEERS))})")
     if raw.get("status", "ok") != "ok":
         return f"{where}: status {raw['status']!r}"
     nodes, per_node = _pick(merged, "nodes"), _pick(merged, "ranks_per_node")
@@ -197,10 +205,19 @@ def _read_run(raw: dict, setting: dict, where: str, source: str) -> Run | str:
     compute_s, hook_s = _measured_parts(merged, seconds)
     key, layers = _layers_for(merged, where)
     wire = None if wire in (None, "none") else wire
+    shapes, rank = None, 4
+    if modelled == "powersgd":
+        shapes = powersgd.parameter_shapes(_pick(merged, "model"))
+        if shapes is None:
+            return (f"{where}: powersgd needs the parameter shapes of a thinwire.train model "
+                    f"(model was {_pick(merged, 'model')!r})")
+        rank = powersgd.check_rank(int(merged.get("powersgd_rank") or 4))
+        wire = None
     return Run(source, measured, modelled, cluster.nodes, cluster.ranks_per_node,
                _rate_bps(_pick(merged, "inter_node_bandwidth")), key, layers,
                float(_pick(merged, "density", 0.01)), wire, seconds, compute_s, hook_s,
-               extra={k: raw[k] for k in ("inter_node_mb_per_iter",) if raw.get(k) is not None})
+               extra={k: raw[k] for k in ("inter_node_mb_per_iter",) if raw.get(k) is not None},
+               shapes=None if shapes is None else tuple(shapes), powersgd_rank=rank)
 
 
 def read_runs(paths) -> tuple[list[Run], list[str]]:
@@ -251,6 +268,10 @@ def predict(run: Run, params: dict, overlap: bool = True) -> dict:
     rate = params["sparse_rate"] / slowdown
     rates = SparseRates(rate, rate, params["sparse_alpha_s"] * slowdown)
     layers = _timed(run.layers, compute_s)
+    if run.modelled_as == "powersgd":  # never overlaps: the hook waits for each bucket on gloo
+        return powersgd.simulate(layers, run.shapes, Cluster(run.nodes, run.ranks_per_node),
+                                 network_for(params, run.inter_bps), run.powersgd_rank,
+                                 params.get("pass_rate", START[-1]) / slowdown)
     cfg = AlgorithmConfig(run.modelled_as, density=run.density, wire=run.wire)
     return simulate(layers, Cluster(run.nodes, run.ranks_per_node),
                     network_for(params, run.inter_bps), cfg, rates, overlap=overlap)
