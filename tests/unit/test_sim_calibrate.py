@@ -32,7 +32,7 @@ def _synthetic_runs(params):
 
 def test_fit_recovers_known_parameters():
     fitted, sse = fit(_synthetic_runs(TRUE))
-    assert sse < 1e-10
+    assert sse < 1e-8  # not 0: the weak prior on inter_efficiency (0.9, true 0.8) pulls a little
     for name, value in TRUE.items():
         assert fitted[name] == pytest.approx(value, rel=0.02), name
 
@@ -114,7 +114,7 @@ def test_calibrate_reports_predicted_against_measured(results_json):
         assert row["predicted_s"] > 0 and row["measured_s"] > 0
         assert row["error"] == pytest.approx(row["predicted_s"] / row["measured_s"] - 1)
     assert result["max_abs_error"] == max(abs(r["error"]) for r in result["runs"])
-    assert result["overlap"] in ("ddp", "none")
+    assert result["overlap"] == "hooks"  # the default: as each run's hook runs, not fitted
 
 
 def test_calibration_input_errors(tmp_path):

@@ -14,6 +14,14 @@ taken, per held-out run, from
 
 Both are reported: on a shared machine the compute time moves between runs by more than the
 communication does, and the probe carries that run's load into the prediction.
+
+What one rate cannot determine is said, not hidden: each inter-node parameter (goodput ratio,
+per-message latency) is moved by ``SENSITIVITY`` and the largest change of the calibration
+runs' predictions is compared with that of the held-out ones. A parameter that moves the
+calibration runs by less than ``IDENTIFIED`` is not determined by them (for ddp at a fast rate
+its all-reduce hides behind the backward pass); its value then comes from the fit's prior
+(:data:`thinwire.sim.calibrate.PRIOR_EFFICIENCY`), and the held-out change says how much of the
+prediction rests on that assumption.
 """
 
 from __future__ import annotations
@@ -21,9 +29,12 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
-from thinwire.sim.calibrate import Run, _rate_bps, _setting_key, fit, predict, read_runs
+from thinwire.sim.calibrate import (Run, _rate_bps, _setting_key, fit, mode_name, overlap_modes,
+                                    predict, read_runs)
 
 COMPUTE_SOURCES = ("calibrated", "probe")
+SENSITIVITY = 0.8   # each inter-node parameter scaled by this factor
+IDENTIFIED = 0.02   # ... must move some calibration run's prediction by at least this much
 
 
 def _reindexed(runs: list[Run]) -> list[Run]:
@@ -39,11 +50,10 @@ def _held_out_prediction(run: Run, params: dict, train: list[Run], compute_s: fl
     return predict(placed, extended, overlap)["iteration_s"]
 
 
-def holdout(paths, calibrate_at: str, overlap: str = "auto") -> dict:
+def holdout(paths, calibrate_at: str, overlap: str = "hooks") -> dict:
     """Fit on the runs at ``calibrate_at`` (a rate: "200mbit", or "none" for unshaped runs),
     predict the others; rows per held-out run and the largest error per algorithm."""
-    if overlap not in ("ddp", "none", "auto"):
-        raise ValueError(f"overlap must be one of ddp, none, auto, got {overlap!r}")
+    modes = overlap_modes(overlap)
     rate = _rate_bps(calibrate_at)
     runs, skipped = read_runs(paths)
     train = _reindexed([r for r in runs if r.inter_bps == rate])
@@ -55,7 +65,6 @@ def holdout(paths, calibrate_at: str, overlap: str = "auto") -> dict:
     if not held:
         raise ValueError(f"--calibrate-at {calibrate_at}: every run is at that rate, nothing "
                          f"is left to predict out of sample (give a sweep of several rates)")
-    modes = {"ddp": [True], "none": [False], "auto": [True, False]}[overlap]
     (params, sse), mode = min(((fit(train, m), m) for m in modes), key=lambda f: f[0][1])
     fitted_compute = {}
     for run in train:
@@ -87,13 +96,36 @@ def holdout(paths, calibrate_at: str, overlap: str = "auto") -> dict:
                 best = per_algorithm[row["algorithm"]].get(source)
                 per_algorithm[row["algorithm"]][source] = max(abs(error), best or 0.0)
     in_sample = [abs(predict(r, params, mode)["iteration_s"] / r.iteration_s - 1) for r in train]
+    kept = [r for r in held if (r.nodes, r.ranks_per_node, r.layers_key) in fitted_compute]
+    sensitivity = _sensitivity(params, train, kept, fitted_compute, mode)
     return {"calibrate_at": calibrate_at, "calibrate_at_bps": rate,
-            "overlap": "ddp" if mode else "none", "sum_sq_residuals": sse,
+            "overlap": mode_name(mode), "sum_sq_residuals": sse,
             "fitted": {k: (list(map(float, v)) if k == "compute_s" else float(v))
                        for k, v in params.items()},
             "in_sample_max_abs_error": max(in_sample), "held_out": rows,
             "max_abs_error_by_algorithm": {a: dict(v) for a, v in per_algorithm.items()},
-            "skipped": skipped}
+            "sensitivity": sensitivity, "skipped": skipped}
+
+
+def _sensitivity(params: dict, train: list[Run], held: list[Run], fitted_compute: dict,
+                 overlap: bool) -> dict:
+    """Per inter-node parameter: the largest relative change of the calibration runs' and of
+    the held-out runs' predicted iteration times when the parameter is scaled by SENSITIVITY."""
+    def times(p):
+        inside = [predict(r, p, overlap)["iteration_s"] for r in train]
+        outside = [_held_out_prediction(r, p, train, fitted_compute[
+            (r.nodes, r.ranks_per_node, r.layers_key)], overlap) for r in held]
+        return inside, outside
+
+    base_in, base_out = times(params)
+    out = {}
+    for name in ("inter_efficiency", "inter_alpha_s"):
+        moved_in, moved_out = times(dict(params, **{name: params[name] * SENSITIVITY}))
+        change_in = max((abs(m / b - 1) for m, b in zip(moved_in, base_in)), default=0.0)
+        change_out = max((abs(m / b - 1) for m, b in zip(moved_out, base_out)), default=0.0)
+        out[name] = {"calibration_change": change_in, "held_out_change": change_out,
+                     "identified": bool(change_in >= IDENTIFIED)}
+    return out
 
 
 def print_holdout(result: dict) -> None:
@@ -115,5 +147,11 @@ def print_holdout(result: dict) -> None:
     for name, errors in result["max_abs_error_by_algorithm"].items():
         print(f"  {name}: " + " / ".join(
             f"{100 * errors[s]:.1f}%" if s in errors else "-" for s in COMPUTE_SOURCES))
+    for name, row in result.get("sensitivity", {}).items():
+        verdict = "determined by" if row["identified"] else "NOT determined by"
+        print(f"{name} x{SENSITIVITY:g}: moves the calibration runs by "
+              f"{100 * row['calibration_change']:.1f}%, the held-out ones by "
+              f"{100 * row['held_out_change']:.1f}%: {verdict} the runs at "
+              f"{result['calibrate_at']}")
     for note in result["skipped"]:
         print(f"skipped: {note}")
