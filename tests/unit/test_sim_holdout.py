@@ -129,3 +129,22 @@ def test_a_hidden_allreduce_leaves_the_goodput_to_the_prior_and_says_so(tmp_path
     exposed = holdout([path], "50mbit")  # the slow rate determines it (true value 0.8)
     assert exposed["sensitivity"]["inter_efficiency"]["identified"] is True
     assert exposed["fitted"]["inter_efficiency"] == pytest.approx(0.8, rel=0.05)
+
+
+def test_median_of_repeats_takes_each_runs_median(tmp_path):
+    base = _sweep(tmp_path)
+    data = json.loads(base.read_text())
+    paths = []
+    for i, factor in enumerate((1.0, 1.6, 0.7)):  # one disturbed and one fast repetition
+        copy = tmp_path / f"rep{i}.json"
+        copy.write_text(json.dumps({**data, "runs": [
+            {**r, "iteration_s": r["iteration_s"] * factor} for r in data["runs"]]}))
+        paths.append(copy)
+    merged = holdout(paths, "200mbit", overlap="ddp", repeats="median")
+    single = holdout([base], "200mbit", overlap="ddp")
+    assert len(merged["held_out"]) == len(single["held_out"])
+    for a, b in zip(merged["held_out"], single["held_out"]):
+        assert a["measured_s"] == pytest.approx(b["measured_s"])
+        assert a["error_calibrated"] == pytest.approx(b["error_calibrated"], abs=1e-3)
+    with pytest.raises(ValueError, match="repeats must be one of each, median, got 'mean'"):
+        holdout(paths, "200mbit", repeats="mean")

@@ -27,12 +27,14 @@ prediction rests on that assumption.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections import defaultdict
 
 from thinwire.sim.calibrate import (Run, _rate_bps, _setting_key, fit, mode_name, overlap_modes,
                                     predict, read_runs)
 
 COMPUTE_SOURCES = ("calibrated", "probe")
+REPEATS = ("each", "median")
 SENSITIVITY = 0.8   # each inter-node parameter scaled by this factor
 IDENTIFIED = 0.02   # ... must move some calibration run's prediction by at least this much
 
@@ -50,12 +52,37 @@ def _held_out_prediction(run: Run, params: dict, train: list[Run], compute_s: fl
     return predict(placed, extended, overlap)["iteration_s"]
 
 
-def holdout(paths, calibrate_at: str, overlap: str = "hooks") -> dict:
+def median_of_repeats(runs: list[Run]) -> list[Run]:
+    """One run per (algorithm, rate, cluster, model, options): the median of its repetitions'
+    iteration, compute and hook times (repeated ``thinwire compare`` sweeps on a loaded machine
+    differ by more than the communication being predicted)."""
+    groups = defaultdict(list)
+    for run in runs:
+        groups[(run.algorithm, run.inter_bps, run.nodes, run.ranks_per_node, run.layers_key,
+                run.density, run.wire, run.powersgd_rank)].append(run)
+
+    def median(values):
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    return [dataclasses.replace(
+        group[0], source=f"median of {len(group)}: " + ", ".join(r.source for r in group),
+        iteration_s=median(r.iteration_s for r in group),
+        compute_s=median(r.compute_s for r in group), hook_s=median(r.hook_s for r in group))
+        for group in groups.values()]
+
+
+def holdout(paths, calibrate_at: str, overlap: str = "hooks", repeats: str = "each") -> dict:
     """Fit on the runs at ``calibrate_at`` (a rate: "200mbit", or "none" for unshaped runs),
-    predict the others; rows per held-out run and the largest error per algorithm."""
+    predict the others; rows per held-out run and the largest error per algorithm.
+    ``repeats``: "each" run on its own, or the "median" of the repetitions of a run."""
     modes = overlap_modes(overlap)
+    if repeats not in REPEATS:
+        raise ValueError(f"repeats must be one of {', '.join(REPEATS)}, got {repeats!r}")
     rate = _rate_bps(calibrate_at)
     runs, skipped = read_runs(paths)
+    if repeats == "median":
+        runs = median_of_repeats(runs)
     train = _reindexed([r for r in runs if r.inter_bps == rate])
     held = [r for r in runs if r.inter_bps != rate]
     rates = sorted({r.inter_bps or 0.0 for r in runs})
@@ -98,7 +125,7 @@ def holdout(paths, calibrate_at: str, overlap: str = "hooks") -> dict:
     in_sample = [abs(predict(r, params, mode)["iteration_s"] / r.iteration_s - 1) for r in train]
     kept = [r for r in held if (r.nodes, r.ranks_per_node, r.layers_key) in fitted_compute]
     sensitivity = _sensitivity(params, train, kept, fitted_compute, mode)
-    return {"calibrate_at": calibrate_at, "calibrate_at_bps": rate,
+    return {"calibrate_at": calibrate_at, "calibrate_at_bps": rate, "repeats": repeats,
             "overlap": mode_name(mode), "sum_sq_residuals": sse,
             "fitted": {k: (list(map(float, v)) if k == "compute_s" else float(v))
                        for k, v in params.items()},
@@ -131,7 +158,8 @@ def _sensitivity(params: dict, train: list[Run], held: list[Run], fitted_compute
 def print_holdout(result: dict) -> None:
     from thinwire.output import format_table
 
-    print(f"fitted on the runs at {result['calibrate_at']} (overlap {result['overlap']}; "
+    print(f"fitted on the runs at {result['calibrate_at']} (overlap {result['overlap']}, "
+          f"repeats {result.get('repeats', 'each')}; "
           f"in-sample max |error| {100 * result['in_sample_max_abs_error']:.1f}%); predicted:")
     rows = [{"algorithm": r["algorithm"],
              "rate_mbit": (r["inter_node_bandwidth_bps"] or 0) / 1e6,
