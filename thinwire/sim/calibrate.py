@@ -288,7 +288,7 @@ def predict(run: Run, params: dict, overlap: bool | str = True) -> dict:
     compute_s = params["compute_s"][run.setting_index]
     # Selection is CPU/GPU work of the rank: it slows down with compute where ranks share the
     # host's cores (the emulator). The fitted rate is that of the fastest setting.
-    slowdown = compute_s / min(params["compute_s"])
+    slowdown = compute_s / params.get("reference_compute_s", min(params["compute_s"]))
     rate = params["sparse_rate"] / slowdown
     rates = SparseRates(rate, rate, params["sparse_alpha_s"] * slowdown)
     layers = _timed(run.layers, compute_s)

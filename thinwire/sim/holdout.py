@@ -47,7 +47,9 @@ def _reindexed(runs: list[Run]) -> list[Run]:
 def _held_out_prediction(run: Run, params: dict, train: list[Run], compute_s: float,
                          overlap: bool) -> float:
     """Predicted iteration seconds of ``run`` with ``compute_s`` as its setting's compute."""
-    extended = dict(params, compute_s=list(params["compute_s"]) + [compute_s])
+    # the fitted rates stay relative to the calibration's compute, whatever this run's is
+    extended = dict(params, compute_s=list(params["compute_s"]) + [compute_s],
+                    reference_compute_s=min(params["compute_s"]))
     placed = dataclasses.replace(run, setting_index=len(params["compute_s"]))
     return predict(placed, extended, overlap)["iteration_s"]
 
