@@ -32,7 +32,7 @@ def _synthetic_runs(params):
 
 def test_fit_recovers_known_parameters():
     fitted, sse = fit(_synthetic_runs(TRUE))
-    assert sse < 1e-10
+    assert sse < 1e-8  # not 0: the weak prior on inter_efficiency (0.9, true 0.8) pulls a little
     for name, value in TRUE.items():
         assert fitted[name] == pytest.approx(value, rel=0.02), name
 
@@ -68,6 +68,7 @@ COMPARE = {
              _run("hier_allreduce", 240.0, 118.0, 130.0),
              _run("topk_allgather", 160.0, 121.0, 25.0, 12.0),
              _run("hitopk", 150.0, 119.0, 20.0, 6.0), _run("powersgd", 140.0, 120.0),
+             _run("gossip", 140.0, 120.0),
              {"algorithm": "hitopk", "status": "failed (124)", "log": "x.log"}],
 }
 ALIASED = {"setting": {"num_nodes": 4, "gpus_per_node": 2, "inter_node_bandwidth": 1e8,
@@ -86,8 +87,10 @@ def results_json(tmp_path):
 
 def test_read_runs_tolerates_spellings(results_json):
     runs, skipped = read_runs([results_json])
-    assert len(runs) == 8 and len(skipped) == 2
-    assert any("'powersgd' is not simulated" in s for s in skipped)
+    assert len(runs) == 8 and len(skipped) == 3
+    assert any("'gossip' is not simulated" in s for s in skipped)
+    # PowerSGD is modelled by its parameter shapes: a model known only by its size has none
+    assert any("powersgd needs the parameter shapes" in s for s in skipped)
     assert any("status 'failed (124)'" in s for s in skipped)
     ddp = runs[0]
     assert (ddp.algorithm, ddp.modelled_as, ddp.wire) == ("ddp", "allreduce", None)
@@ -111,7 +114,7 @@ def test_calibrate_reports_predicted_against_measured(results_json):
         assert row["predicted_s"] > 0 and row["measured_s"] > 0
         assert row["error"] == pytest.approx(row["predicted_s"] / row["measured_s"] - 1)
     assert result["max_abs_error"] == max(abs(r["error"]) for r in result["runs"])
-    assert result["overlap"] in ("ddp", "none")
+    assert result["overlap"] == "hooks"  # the default: as each run's hook runs, not fitted
 
 
 def test_calibration_input_errors(tmp_path):

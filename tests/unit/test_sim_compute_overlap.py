@@ -74,13 +74,29 @@ def _layers(sizes, fwd=1.0, bwd=2.0):
 
 
 def test_buckets_follow_ddp():
-    # 4-byte elements: 1 MiB first bucket holds 262,144 elements
+    # 4-byte elements: 1 MiB first bucket holds 262,144 elements; a bucket closes once it
+    # reaches its cap, with the layer that crossed it inside (DDP's rule)
     layers = _layers([100_000, 0, 200_000, 200_000, 150_000])
     groups = buckets(layers, bucket_bytes=1_999_999)
-    assert groups == [[4], [3, 2], [0]]  # reverse order; the parameter-free layer in none
-    assert sum(layers[i].params for i in groups[0]) * 4 <= FIRST_BUCKET_BYTES
+    assert groups == [[4, 3], [2, 0]]  # reverse order; the parameter-free layer in none
+    assert sum(layers[i].params for i in groups[0][:-1]) * 4 < FIRST_BUCKET_BYTES
     huge = buckets(_layers([10_000_000]))
     assert huge == [[0]]  # one layer may exceed the cap
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 3_000_000), min_size=1, max_size=10),
+       st.integers(100_000, 8_000_000))
+def test_buckets_match_pytorchs_assignment(sizes, cap):
+    """The reference: DDP's own bucket assignment (one tensor per layer, in backward order)."""
+    import torch
+    import torch.distributed as dist
+
+    layers = _layers(sizes)
+    tensors = [torch.empty(s) for s in reversed(sizes)]  # the order gradients become ready
+    expected, _ = dist._compute_bucket_assignment_by_size(tensors, [FIRST_BUCKET_BYTES, cap])
+    got = buckets(layers, bucket_bytes=cap)
+    assert got == [[len(sizes) - 1 - j for j in group] for group in expected]
 
 
 def test_timeline_by_hand():

@@ -236,3 +236,23 @@ def test_the_workloads_sparse_defaults_reach_the_sparse_runs_and_the_user_wins()
     assert s.run_config("ddp").density_warmup_steps == 0  # a sparse-only option stays off
     mine = CompareSettings(workload="mnist", train={"density": 0.02}).validate()
     assert mine.run_config("hitopk").density == 0.02
+
+
+def test_a_miss_between_two_rates_breaks_the_line(tmp_path, monkeypatch):
+    """Three rates, the middle one missed: the method's line must not join 50 and 1000 Mbit/s
+    as if it had a time at 200 (NaN there), and the miss is marked on the budget line."""
+    from thinwire.train import report_plots
+
+    plt = report_plots._plt()
+    figures = []
+    monkeypatch.setattr(plt, "close", lambda fig: figures.append(fig))
+    runs = [{**_run("powersgd", t, 300, 100, "target" if t else "budget"),
+             "inter_node_bandwidth": rate}
+            for rate, t in (("50mbit", 20.0), ("200mbit", None), ("1gbit", 22.0))]
+    setting = {**CompareSettings().common(), "rates": ["50mbit", "200mbit", "1gbit"],
+               "algorithms": ["powersgd"]}
+    report_plots.time_to_target_vs_rate({"setting": setting, "runs": runs}, tmp_path)
+    line = next(l for l in figures[-1].axes[0].lines if l.get_label() == "powersgd")
+    ys = list(line.get_ydata())
+    assert list(line.get_xdata()) == [50.0, 200.0, 1000.0]
+    assert ys[0] == 20.0 and math.isnan(ys[1]) and ys[2] == 22.0

@@ -71,8 +71,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="with --calibrate: fit on the runs at this link rate only (e.g. "
                         "200mbit) and predict the runs at the sweep's other rates (out-of-"
                         "sample error per algorithm); default: fit and predict all runs")
-    p.add_argument("--overlap", default="auto", choices=("auto", "ddp", "none"),
-                   help="calibration: overlap model to fit (auto: the better of the two)")
+    p.add_argument("--overlap", default="hooks", choices=("hooks", "auto", "ddp", "none"),
+                   help="calibration: which runs overlap communication with the backward pass "
+                        "(hooks: as each run's hook does; auto: the better fit of ddp/none)")
+    p.add_argument("--repeats", default="each", choices=("each", "median"),
+                   help="with --calibrate-at: use each run, or the median of a run's "
+                        "repetitions (several results files of the same sweep)")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--plot", default=None,
                    help="PNG path (default: beside --json, else results/simulate.png)")
@@ -196,7 +200,8 @@ def main(args) -> int:
                 raise FileNotFoundError(f"calibration input not found: {path}")
         if args.calibrate_at is not None:
             from thinwire.sim.holdout import holdout, print_holdout
-            result = holdout(args.calibrate, args.calibrate_at, overlap=args.overlap)
+            result = holdout(args.calibrate, args.calibrate_at, overlap=args.overlap,
+                             repeats=args.repeats)
             print_holdout(result)
         else:
             result = calibrate(args.calibrate, overlap=args.overlap)

@@ -14,16 +14,29 @@ taken, per held-out run, from
 
 Both are reported: on a shared machine the compute time moves between runs by more than the
 communication does, and the probe carries that run's load into the prediction.
+
+What one rate cannot determine is said, not hidden: each inter-node parameter (goodput ratio,
+per-message latency) is moved by ``SENSITIVITY`` and the largest change of the calibration
+runs' predictions is compared with that of the held-out ones. A parameter that moves the
+calibration runs by less than ``IDENTIFIED`` is not determined by them (for ddp at a fast rate
+its all-reduce hides behind the backward pass); its value then comes from the fit's prior
+(:data:`thinwire.sim.calibrate.PRIOR_EFFICIENCY`), and the held-out change says how much of the
+prediction rests on that assumption.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections import defaultdict
 
-from thinwire.sim.calibrate import Run, _rate_bps, _setting_key, fit, predict, read_runs
+from thinwire.sim.calibrate import (Run, _rate_bps, _setting_key, fit, mode_name, overlap_modes,
+                                    predict, read_runs)
 
 COMPUTE_SOURCES = ("calibrated", "probe")
+REPEATS = ("each", "median")
+SENSITIVITY = 0.8   # each inter-node parameter scaled by this factor
+IDENTIFIED = 0.02   # ... must move some calibration run's prediction by at least this much
 
 
 def _reindexed(runs: list[Run]) -> list[Run]:
@@ -34,18 +47,44 @@ def _reindexed(runs: list[Run]) -> list[Run]:
 def _held_out_prediction(run: Run, params: dict, train: list[Run], compute_s: float,
                          overlap: bool) -> float:
     """Predicted iteration seconds of ``run`` with ``compute_s`` as its setting's compute."""
-    extended = dict(params, compute_s=list(params["compute_s"]) + [compute_s])
+    # the fitted rates stay relative to the calibration's compute, whatever this run's is
+    extended = dict(params, compute_s=list(params["compute_s"]) + [compute_s],
+                    reference_compute_s=min(params["compute_s"]))
     placed = dataclasses.replace(run, setting_index=len(params["compute_s"]))
     return predict(placed, extended, overlap)["iteration_s"]
 
 
-def holdout(paths, calibrate_at: str, overlap: str = "auto") -> dict:
+def median_of_repeats(runs: list[Run]) -> list[Run]:
+    """One run per (algorithm, rate, cluster, model, options): the median of its repetitions'
+    iteration, compute and hook times (repeated ``thinwire compare`` sweeps on a loaded machine
+    differ by more than the communication being predicted)."""
+    groups = defaultdict(list)
+    for run in runs:
+        groups[(run.algorithm, run.inter_bps, run.nodes, run.ranks_per_node, run.layers_key,
+                run.density, run.wire, run.powersgd_rank)].append(run)
+
+    def median(values):
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    return [dataclasses.replace(
+        group[0], source=f"median of {len(group)}: " + ", ".join(r.source for r in group),
+        iteration_s=median(r.iteration_s for r in group),
+        compute_s=median(r.compute_s for r in group), hook_s=median(r.hook_s for r in group))
+        for group in groups.values()]
+
+
+def holdout(paths, calibrate_at: str, overlap: str = "hooks", repeats: str = "each") -> dict:
     """Fit on the runs at ``calibrate_at`` (a rate: "200mbit", or "none" for unshaped runs),
-    predict the others; rows per held-out run and the largest error per algorithm."""
-    if overlap not in ("ddp", "none", "auto"):
-        raise ValueError(f"overlap must be one of ddp, none, auto, got {overlap!r}")
+    predict the others; rows per held-out run and the largest error per algorithm.
+    ``repeats``: "each" run on its own, or the "median" of the repetitions of a run."""
+    modes = overlap_modes(overlap)
+    if repeats not in REPEATS:
+        raise ValueError(f"repeats must be one of {', '.join(REPEATS)}, got {repeats!r}")
     rate = _rate_bps(calibrate_at)
     runs, skipped = read_runs(paths)
+    if repeats == "median":
+        runs = median_of_repeats(runs)
     train = _reindexed([r for r in runs if r.inter_bps == rate])
     held = [r for r in runs if r.inter_bps != rate]
     rates = sorted({r.inter_bps or 0.0 for r in runs})
@@ -55,7 +94,6 @@ def holdout(paths, calibrate_at: str, overlap: str = "auto") -> dict:
     if not held:
         raise ValueError(f"--calibrate-at {calibrate_at}: every run is at that rate, nothing "
                          f"is left to predict out of sample (give a sweep of several rates)")
-    modes = {"ddp": [True], "none": [False], "auto": [True, False]}[overlap]
     (params, sse), mode = min(((fit(train, m), m) for m in modes), key=lambda f: f[0][1])
     fitted_compute = {}
     for run in train:
@@ -87,19 +125,43 @@ def holdout(paths, calibrate_at: str, overlap: str = "auto") -> dict:
                 best = per_algorithm[row["algorithm"]].get(source)
                 per_algorithm[row["algorithm"]][source] = max(abs(error), best or 0.0)
     in_sample = [abs(predict(r, params, mode)["iteration_s"] / r.iteration_s - 1) for r in train]
-    return {"calibrate_at": calibrate_at, "calibrate_at_bps": rate,
-            "overlap": "ddp" if mode else "none", "sum_sq_residuals": sse,
+    kept = [r for r in held if (r.nodes, r.ranks_per_node, r.layers_key) in fitted_compute]
+    sensitivity = _sensitivity(params, train, kept, fitted_compute, mode)
+    return {"calibrate_at": calibrate_at, "calibrate_at_bps": rate, "repeats": repeats,
+            "overlap": mode_name(mode), "sum_sq_residuals": sse,
             "fitted": {k: (list(map(float, v)) if k == "compute_s" else float(v))
                        for k, v in params.items()},
             "in_sample_max_abs_error": max(in_sample), "held_out": rows,
             "max_abs_error_by_algorithm": {a: dict(v) for a, v in per_algorithm.items()},
-            "skipped": skipped}
+            "sensitivity": sensitivity, "skipped": skipped}
+
+
+def _sensitivity(params: dict, train: list[Run], held: list[Run], fitted_compute: dict,
+                 overlap: bool) -> dict:
+    """Per inter-node parameter: the largest relative change of the calibration runs' and of
+    the held-out runs' predicted iteration times when the parameter is scaled by SENSITIVITY."""
+    def times(p):
+        inside = [predict(r, p, overlap)["iteration_s"] for r in train]
+        outside = [_held_out_prediction(r, p, train, fitted_compute[
+            (r.nodes, r.ranks_per_node, r.layers_key)], overlap) for r in held]
+        return inside, outside
+
+    base_in, base_out = times(params)
+    out = {}
+    for name in ("inter_efficiency", "inter_alpha_s"):
+        moved_in, moved_out = times(dict(params, **{name: params[name] * SENSITIVITY}))
+        change_in = max((abs(m / b - 1) for m, b in zip(moved_in, base_in)), default=0.0)
+        change_out = max((abs(m / b - 1) for m, b in zip(moved_out, base_out)), default=0.0)
+        out[name] = {"calibration_change": change_in, "held_out_change": change_out,
+                     "identified": bool(change_in >= IDENTIFIED)}
+    return out
 
 
 def print_holdout(result: dict) -> None:
     from thinwire.output import format_table
 
-    print(f"fitted on the runs at {result['calibrate_at']} (overlap {result['overlap']}; "
+    print(f"fitted on the runs at {result['calibrate_at']} (overlap {result['overlap']}, "
+          f"repeats {result.get('repeats', 'each')}; "
           f"in-sample max |error| {100 * result['in_sample_max_abs_error']:.1f}%); predicted:")
     rows = [{"algorithm": r["algorithm"],
              "rate_mbit": (r["inter_node_bandwidth_bps"] or 0) / 1e6,
@@ -115,5 +177,11 @@ def print_holdout(result: dict) -> None:
     for name, errors in result["max_abs_error_by_algorithm"].items():
         print(f"  {name}: " + " / ".join(
             f"{100 * errors[s]:.1f}%" if s in errors else "-" for s in COMPUTE_SOURCES))
+    for name, row in result.get("sensitivity", {}).items():
+        verdict = "determined by" if row["identified"] else "NOT determined by"
+        print(f"{name} x{SENSITIVITY:g}: moves the calibration runs by "
+              f"{100 * row['calibration_change']:.1f}%, the held-out ones by "
+              f"{100 * row['held_out_change']:.1f}%: {verdict} the runs at "
+              f"{result['calibrate_at']}")
     for note in result["skipped"]:
         print(f"skipped: {note}")

@@ -1,10 +1,13 @@
 """DDP-style buckets and the timeline that overlaps their communication with the backward pass.
 
 Buckets: parameters in reverse layer order (the order their gradients become ready), a bucket
-closed when the next layer would push it past its cap; the first bucket is capped at 1 MiB and
-the others at ``bucket_bytes`` (DDP's ``bucket_cap_mb``, 25 MiB), as DDP does. Grouping is by
-layer, not by tensor: a layer's weight and bias share a bucket (DDP splits them only when a cap
-falls between them, a difference of one tensor per bucket).
+closed as soon as it reaches its cap, with the layer that crossed it inside; the first bucket is
+capped at 1 MiB and the others at ``bucket_bytes`` (DDP's ``bucket_cap_mb``, 25 MiB), as DDP's
+``_compute_bucket_assignment_by_size`` does. Where the cap falls matters for overlap: a model
+whose big layer is near its output (a CNN's classifier) has that layer's gradients in the
+*first* bucket, ready early, and its all-reduce runs behind the rest of the backward pass.
+Grouping is by layer, not by tensor: a layer's weight and bias share a bucket (DDP splits them
+only when a cap falls between them, a difference of one tensor per bucket).
 
 Timeline: one communication track. Bucket ``b`` is ready when the backward pass has gone
 through its last layer; its collectives start at ``max(ready_b, end_(b-1))`` and take
@@ -38,12 +41,11 @@ def buckets(layers: Sequence[TimedLayer], bucket_bytes: int = DEFAULT_BUCKET_BYT
         nbytes = layers[i].params * element_size
         if not nbytes:
             continue
-        cap = first_bucket_bytes if not groups else bucket_bytes
-        if current and size + nbytes > cap:
-            groups.append(current)
-            current, size = [], 0
         current.append(i)
         size += nbytes
+        if size >= (first_bucket_bytes if not groups else bucket_bytes):
+            groups.append(current)
+            current, size = [], 0
     if current:
         groups.append(current)
     return groups

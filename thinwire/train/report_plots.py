@@ -218,7 +218,9 @@ def time_to_target_vs_rate(results: dict, out: Path) -> str:
                         if r["algorithm"] == name and r.get("status") == "ok"
                         and r.get("time_to_target_s") is None
                         and r["inter_node_bandwidth"] in finite)
-        line = ax.plot(*zip(*points), marker="o", label=name)[0] if points else None
+        # a miss breaks the line (NaN): no segment may suggest a time where the run missed
+        drawn = sorted(points + [(m, float("nan")) for m in missed])
+        line = ax.plot(*zip(*drawn), marker="o", label=name)[0] if points else None
         if missed:  # a miss sits on the budget line, as an x in the method's colour
             ax.plot([m * 1.04 ** i for m in missed], [s["budget_s"]] * len(missed), "x",
                     markersize=9, mew=2,
