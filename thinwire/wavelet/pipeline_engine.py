@@ -6,8 +6,10 @@ as in ``thinwire.pipeline.engine`` (non-blocking sends, blocking receives), each
 direction on its own tag: the tick's activations flow to rank r+1, the tock's to rank r-1.
 
 The update ``("U", g)`` makes the two copies of every partition one data-parallel model: rank r
-sends its tick partition's and its tock partition's gradient sums to its partner S-1-r (which
-holds the other copy of both) and adds what it receives. Both sides then hold ``a + b`` and
+exchanges its tick partition's and its tock partition's gradient sums with its partner S-1-r
+(which holds the other copy of both) and adds what it receives. Each copy's exchange is posted
+(``isend``/``irecv``) as soon as that copy's last backward of the group is done, so it crosses
+the wire while the rank still computes the other wave's backwards; the update waits for it. Both sides then hold ``a + b`` and
 ``b + a`` (floating-point addition is commutative, so the same bits), divide by the group's M
 micro-batches and take the same momentum step: the copies stay bitwise equal without ever
 sending weights, and the update is gpipe's over the same M micro-batches up to the summation
@@ -30,7 +32,7 @@ from thinwire.wavelet import pipeline_schedule as tt
 log = logging.getLogger(__name__)
 # The engine's tags are 1 (activations), 2 (gradients), 3 (evaluation); the tick wave uses 1, 2.
 TAGS = {(tt.TICK, "F"): 1, (tt.TICK, "B"): 2, (tt.TOCK, "F"): 11, (tt.TOCK, "B"): 12}
-TAG_EXCHANGE = 13
+TAG_EXCHANGE = 20  # + the partition: each copy's gradient sum on its own tag
 
 
 def train_stage(cfg: PipelineConfig) -> dict:
@@ -51,6 +53,7 @@ def train_stage(cfg: PipelineConfig) -> dict:
                for w, p in parts.items()}
     ops = tt.build(S, stream.total, M)[r]
     sender = engine._Sender()
+    exchange = _Exchange(workers, parts, r, S, M)
     events: list[tuple[str, int, float, float]] = []
 
     first = stream.indices(0)
@@ -61,7 +64,7 @@ def train_stage(cfg: PipelineConfig) -> dict:
     for kind, i in ops:
         if kind == "U":
             tb = time.time()
-            _exchange_and_update(workers, r, S, M)
+            exchange.finish_and_update()
             events.append(("U", i, tb, time.time()))
             continue
         w = tt.wave_of(i, M)
@@ -90,6 +93,7 @@ def train_stage(cfg: PipelineConfig) -> dict:
             events.append(("B", i, tb, time.time()))
             if p > 0:
                 sender.send(g, tt.rank_of(p - 1, w, S), TAGS[(w, "B")])
+            exchange.start_if_done(w)
     sender.wait_all()
     t_end = time.time()
     log.info("rank %d (tick partition %d, tock partition %d): %d operations in %.2f s", r,
@@ -117,31 +121,46 @@ def _copy(module: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(module)
 
 
-def _exchange_and_update(workers: dict, r: int, S: int, M: int) -> None:
-    """Sum each partition's two copies' gradients with the partner rank, then step both."""
-    tick, tock = workers[tt.TICK].opt, workers[tt.TOCK].opt
-    for opt in (tick, tock):
-        if opt.accumulated != M // 2:
-            raise RuntimeError(f"rank {r}: an update after {opt.accumulated} micro-batches of a "
-                               f"wave, expected M/2 = {M // 2} (schedule broken)")
-    mate = tt.partner(r, S)
-    if mate == r:  # the middle of an odd pipeline holds both copies of one partition
-        for a, b in zip(tick.grad_sum, tock.grad_sum):
-            a.add_(b)
-            b.copy_(a)
-    else:
-        mine = torch.cat([g.reshape(-1) for g in tick.grad_sum + tock.grad_sum])
+class _Exchange:
+    """The gradient exchange between the two copies of each partition, one per wave."""
+
+    def __init__(self, workers: dict, parts: dict, r: int, S: int, M: int):
+        self.workers, self.parts, self.r, self.M = workers, parts, r, M
+        self.mate = tt.partner(r, S)
+        self.pending: dict[int, tuple] = {}
+
+    def start_if_done(self, wave: int) -> None:
+        """Post this copy's exchange once it holds the group's M/2 gradients."""
+        opt = self.workers[wave].opt
+        if self.mate == self.r or opt.accumulated != self.M // 2 or wave in self.pending:
+            return
+        mine = torch.cat([g.reshape(-1) for g in opt.grad_sum])
         theirs = torch.empty_like(mine)
-        work = dist.isend(mine, mate, tag=TAG_EXCHANGE)
-        dist.recv(theirs, mate, tag=TAG_EXCHANGE)
-        work.wait()
-        # The partner sent [its tick partition (= our tock's), its tock partition (= our tick's)].
-        n_tock = sum(g.numel() for g in tock.grad_sum)
-        _add_flat(tock.grad_sum, theirs[:n_tock])
-        _add_flat(tick.grad_sum, theirs[n_tock:])
-    for opt in (tick, tock):
-        opt.accumulated = M
-        opt.step()
+        tag = TAG_EXCHANGE + self.parts[wave]
+        self.pending[wave] = (dist.isend(mine, self.mate, tag=tag),
+                              dist.irecv(theirs, self.mate, tag=tag), mine, theirs)
+
+    def finish_and_update(self) -> None:
+        tick, tock = self.workers[tt.TICK].opt, self.workers[tt.TOCK].opt
+        for opt in (tick, tock):
+            if opt.accumulated != self.M // 2:
+                raise RuntimeError(f"rank {self.r}: an update after {opt.accumulated} "
+                                   f"micro-batches of a wave, expected M/2 = {self.M // 2} "
+                                   f"(schedule broken)")
+        if self.mate == self.r:  # the middle of an odd pipeline holds both copies
+            for a, b in zip(tick.grad_sum, tock.grad_sum):
+                a.add_(b)
+                b.copy_(a)
+        else:
+            for wave, opt in ((tt.TICK, tick), (tt.TOCK, tock)):
+                sent, received, _, theirs = self.pending.pop(wave)
+                sent.wait()
+                received.wait()
+                # ours + theirs here, theirs + ours on the partner: the same bits
+                _add_flat(opt.grad_sum, theirs)
+        for opt in (tick, tock):
+            opt.accumulated = self.M
+            opt.step()
 
 
 def _add_flat(grads: list[torch.Tensor], flat: torch.Tensor) -> None:
