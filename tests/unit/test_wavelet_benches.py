@@ -36,12 +36,14 @@ def test_table_takes_ratios_within_each_repetition():
     rates = {("gpipe", 4): [100.0, 50.0], ("gpipe", 8): [120.0, 60.0], ("ticktock", 8): [150.0, 60.0]}
     stage = {"steady_utilisation": 0.5}
     results = [{"schedule": s, "group": g, "repeat": k, "samples_per_s": v, "samples": 64,
-                "per_stage": [stage] * 4}
+                "per_stage": [stage] * 4, "cpu_s": [0.1, 0.2, 0.16, 0.1]}
                for (s, g), vs in rates.items() for k, v in enumerate(vs)]
-    rows = {(r["schedule"], r["group"]): r for r in table(results, _args())}
+    rows = {(r["schedule"], r["group"]): r for r in table(results, _args(node_cpus=0.4))}
     tick = rows[("ticktock", 8)]
     assert tick["vs_gpipe_one_wave"] == pytest.approx((1.5 + 1.2) / 2)  # not 105 / 75 = 1.4
     assert tick["vs_gpipe_same_m"] == pytest.approx((1.25 + 1.0) / 2)
+    assert tick["cpu_ms_per_sample"] == pytest.approx(1000 * 0.2 / 64)  # the busiest rank
+    assert tick["budget_bound_samples_per_s"] == pytest.approx(0.4 * 64 / 0.2)
     assert tick["per_wave"] == 4 and rows[("gpipe", 4)]["per_wave"] == 4
     assert ideal_utilisation("gpipe", 4, 4) == pytest.approx(4 / 7)
     assert ideal_utilisation("gpipe", 4, 2) < ideal_utilisation("ticktock", 4, 4)

@@ -26,7 +26,8 @@ from thinwire.bench.report import format_table, save_if_asked
 
 log = logging.getLogger(__name__)
 COLUMNS = ("schedule", "group", "per_wave", "samples", "samples_per_s", "vs_gpipe_one_wave",
-           "vs_gpipe_same_m", "steady_utilisation_min", "steady_utilisation_mean",
+           "vs_gpipe_same_m", "cpu_ms_per_sample", "budget_bound_samples_per_s",
+           "steady_utilisation_min", "steady_utilisation_mean",
            "ideal_utilisation", "repeats")
 
 
@@ -103,6 +104,13 @@ def table(results: list[dict], args) -> list[dict]:
                 rate[((schedule, group), k)] / rate[(("gpipe", M // 2), k)] for k in reps),
             "vs_gpipe_same_m": statistics.median(
                 rate[((schedule, group), k)] / rate[(("gpipe", M), k)] for k in reps),
+            # the busiest rank's CPU seconds per sample, and what a node budget of
+            # --node-cpus allows at that cost (the schedule cannot go faster than this)
+            "cpu_ms_per_sample": statistics.median(
+                1000 * max(r["cpu_s"]) / r["samples"] for r in runs),
+            "budget_bound_samples_per_s": (statistics.median(
+                args.node_cpus * r["samples"] / max(r["cpu_s"]) for r in runs)
+                if getattr(args, "node_cpus", None) else None),
             "steady_utilisation_min": min(steady),
             "steady_utilisation_mean": sum(steady) / len(steady),
             "ideal_utilisation": ideal_utilisation(schedule, args.stages, group),

@@ -60,7 +60,7 @@ def train_stage(cfg: PipelineConfig) -> dict:
     for w, p in parts.items():
         engine._warm_up(stages[p], cfg, p, S, shapes, ds.train_x[first].to(dtype), ds.train_y[first])
     dist.barrier()
-    t_start = time.time()
+    t_start, cpu_start = time.time(), time.process_time()
     for kind, i in ops:
         if kind == "U":
             tb = time.time()
@@ -95,7 +95,7 @@ def train_stage(cfg: PipelineConfig) -> dict:
                 sender.send(g, tt.rank_of(p - 1, w, S), TAGS[(w, "B")])
             exchange.start_if_done(w)
     sender.wait_all()
-    t_end = time.time()
+    t_end, cpu_s = time.time(), time.process_time() - cpu_start
     log.info("rank %d (tick partition %d, tock partition %d): %d operations in %.2f s", r,
              parts[tt.TICK], parts[tt.TOCK], len(ops), t_end - t_start)
 
@@ -105,7 +105,7 @@ def train_stage(cfg: PipelineConfig) -> dict:
     busy = sum(e[3] - e[2] for e in events)
     return {
         "stage": r, "delay": 0, "t_start": t_start, "t_end": t_end,
-        "busy_s": busy, "wall_s": t_end - t_start, "events": events,
+        "busy_s": busy, "wall_s": t_end - t_start, "cpu_s": cpu_s, "events": events,
         "samples": stream.total * cfg.micro_batch,
         "train_loss": (sum(wk.loss_sum for wk in losses) / sum(wk.loss_count for wk in losses)
                        if losses else None),
