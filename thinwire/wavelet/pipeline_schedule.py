@@ -86,8 +86,7 @@ def _best_group(S: int, M: int, trials: int = SEARCH_TRIALS) -> tuple[tuple[Op, 
     """One group's lists (micro-batches 0..M-1): the list scheduler with its plain tie-break
     first, then with seeded random tie-breaks, keeping the shortest makespan. Greedy list
     scheduling alone leaves the middle ranks (which hold two partitions whose backwards meet)
-    badly ordered. The seed
-    is fixed, so every rank builds the same lists."""
+    badly ordered. The seed is fixed, so every rank builds the same lists."""
     rng = random.Random(0)
     best, best_len = None, None
     for trial in range(trials):
@@ -193,12 +192,14 @@ def makespan(ops: list[list[Op]], S: int, M: int) -> int:
         for r in range(S):
             while pos[r] < len(ops[r]):
                 k, i = ops[r][pos[r]]
-                if k == "U":
+                if k == "U":  # starts when this rank and its partner both reach it
                     mate = partner(r, S)
-                    if mate != r and (pos[mate] >= len(ops[mate]) or ops[mate][pos[mate]] != k_u(i)) \
-                            and ("U", i, mate) not in finish:
+                    if ("U", i, mate) in finish:
+                        start = max(t_free[r], finish[("U", i, mate)])
+                    elif mate == r or (pos[mate] < len(ops[mate]) and ops[mate][pos[mate]] == (k, i)):
+                        start = max(t_free[r], t_free[mate])
+                    else:
                         break
-                    start = max(t_free[r], t_free[mate])
                     finish[("U", i, r)] = start
                     t_free[r] = start
                 else:
@@ -217,6 +218,3 @@ def makespan(ops: list[list[Op]], S: int, M: int) -> int:
             raise RuntimeError("tick-tock lists deadlock")
     return max(t_free)
 
-
-def k_u(g: int) -> Op:
-    return ("U", g)
