@@ -21,3 +21,11 @@ def train_each_schedule(rank: int, world: int, configs: list[dict]) -> list[dict
 
 def train_once(rank: int, world: int, kwargs: dict) -> dict:
     return engine.train_stage(PipelineConfig(**kwargs))
+
+
+def train_ticktock(rank: int, world: int, kwargs: dict) -> dict:
+    """One ``ticktock`` run: both copies this rank holds (tick partition = rank, tock partition
+    = world - 1 - rank) come back to the test."""
+    summary = engine.train_stage(PipelineConfig(**kwargs))
+    return {k: summary[k] for k in ("params", "tock_params", "tock_partition", "test_accuracy",
+                                    "train_loss", "events")}

@@ -26,6 +26,7 @@ BENCH_MODULES = [
     "thinwire.bench.diloco",
     "thinwire.bench.dlcp",
     "thinwire.bench.wavelet",
+    "thinwire.bench.wavelet_pipeline",
 ]
 
 

@@ -29,14 +29,14 @@ from pathlib import Path
 from thinwire.bench.report import format_table, save_if_asked
 
 log = logging.getLogger(__name__)
-COLUMNS = ("waves", "batch_per_process", "samples_per_step", "samples_per_s", "vs_one_wave",
+COLUMNS = ("waves", "batch_per_process", "lr", "samples_per_step", "samples_per_s", "vs_one_wave",
            "comm_share", "node_peak_mib", "node_limit_mib", "test_accuracy", "samples_seen",
            "repeats")
 FIT_COLUMNS = ("waves", "batch_per_process", "fits", "node_peak_mib", "node_limit_mib")
 
 
 def _launch(args, waves: int, batch: int, steps: int, limit: str | None, folder: Path,
-            tag: str) -> dict:
+            tag: str, lr: float | None = None) -> dict:
     """One run; returns its summary with the node accounting, or {"fits": False, ...}."""
     from thinwire.cluster import ClusterSpec, run
     from thinwire.cluster.accounting import NodeOutOfMemory
@@ -46,8 +46,11 @@ def _launch(args, waves: int, batch: int, steps: int, limit: str | None, folder:
     summary, stats = folder / f"{tag}.json", folder / f"{tag}.stats.json"
     command = ["-m", "thinwire.wavelet", "--waves", str(waves), "--model", args.model,
                "--batch-size", str(batch), "--max-iters", str(steps), "--epochs", "1000",
-               "--algorithm", args.algorithm, "--lr", str(args.lr), "--no-progress",
+               "--algorithm", args.algorithm, "--lr", str(args.lr if lr is None else lr),
+               "--no-progress",
                "--compute-probe-iters", "0", "--summary", str(summary), "--log-every", "1000"]
+    if args.warmup_steps is not None:
+        command += ["--warmup-steps", str(args.warmup_steps)]
     log.info("bench wavelet: %s: %d wave(s), batch %d, %d steps, limit %s", tag, waves, batch,
              steps, limit)
     try:
@@ -124,10 +127,11 @@ def run(args) -> dict:
                     "largest_batch_that_fits": largest, "fit": fit_rows, "table": [],
                     "repeats": []}
         two_steps = max(4, round(args.steps * B / (2 * b2)))  # about the same samples seen
+        lrs = {1: args.lr, 2: two_wave_lr(args.lr, args.lr_scaling, B, b2)}
         repeats = []
         for repeat in range(args.repeats):
-            one = _launch(args, 1, B, args.steps, limit, folder, f"one-{repeat}")
-            two = _launch(args, 2, b2, two_steps, limit, folder, f"two-{repeat}")
+            one = _launch(args, 1, B, args.steps, limit, folder, f"one-{repeat}", lrs[1])
+            two = _launch(args, 2, b2, two_steps, limit, folder, f"two-{repeat}", lrs[2])
             repeats.append({"one": one, "two": two})
         good = [r for r in repeats if r["one"]["fits"] and r["two"]["fits"]]
         if not good:
@@ -138,7 +142,7 @@ def run(args) -> dict:
     for key, waves, batch in (("one", 1, B), ("two", 2, b2)):
         runs = [r[key] for r in good]
         table.append({
-            "waves": waves, "batch_per_process": batch,
+            "waves": waves, "batch_per_process": batch, "lr": lrs[waves],
             "samples_per_step": runs[0]["samples_per_step"],
             "samples_per_s": statistics.median(r["samples_per_s"] for r in runs),
             "vs_one_wave": statistics.median(r[key]["samples_per_s"] / r["one"]["samples_per_s"]
@@ -157,6 +161,14 @@ def run(args) -> dict:
             calibration["node_peak_bytes"] if calibration else None,
             "largest_batch_that_fits": largest, "fit": fit_rows, "table": table,
             "repeats": good}
+
+
+def two_wave_lr(lr: float, scaling: str, one_batch: int, two_batch: int) -> float:
+    """Linear scaling (Goyal et al.): the lr grows with the samples per update, here from one
+    wave's B to two waves' 2 b2 per process."""
+    if scaling not in ("none", "linear"):
+        raise ValueError(f"--lr-scaling must be none or linear, got {scaling!r}")
+    return lr * 2 * two_batch / one_batch if scaling == "linear" else lr
 
 
 def _main(args) -> int:
@@ -188,6 +200,12 @@ def register(bench_subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=256, help="one wave's batch per process, "
                    "B (default 256)")
     p.add_argument("--lr", type=float, default=0.05, help="learning rate (default 0.05)")
+    p.add_argument("--lr-scaling", default="none", choices=["none", "linear"],
+                   help="two waves' learning rate: the same (none) or scaled with the combined "
+                        "batch, lr x 2 b2 / B (linear; the one-wave lr is --lr)")
+    p.add_argument("--warmup-steps", type=int, default=None,
+                   help="linear warm-up steps of both runs (default: thinwire train's, 5%% of "
+                        "the run)")
     p.add_argument("--algorithm", default="hier_allreduce", help="gradient sync (default "
                    "hier_allreduce)")
     p.add_argument("--inter-node-bandwidth", default="50mbit", help="link rate (default 50mbit)")

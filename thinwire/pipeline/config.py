@@ -45,6 +45,9 @@ class PipelineConfig:
             raise ValueError(f"micro_batch must be an integer >= 1, got {self.micro_batch!r}")
         if not isinstance(self.group, int) or self.group < 1:
             raise ValueError(f"group (M, micro-batches per update) must be >= 1, got {self.group!r}")
+        if self.schedule == "ticktock" and self.group % 2:
+            raise ValueError(f"group (M) must be even for ticktock (M/2 micro-batches per wave), "
+                             f"got {self.group}")
         if self.epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")
         if self.train_samples < 0:
@@ -124,7 +127,8 @@ def scale_for_batch_one(lr: float, momentum: float, batch: int) -> tuple[float, 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = PipelineConfig()
-    p.add_argument("--schedule", default=d.schedule, help="pb, gpipe or 1f1b (default pb)")
+    p.add_argument("--schedule", default=d.schedule,
+                   help="pb, gpipe, 1f1b or ticktock (Wavelet; M even, two waves of M/2)")
     p.add_argument("--stages", type=int, default=d.stages, help=f"default {d.stages}")
     p.add_argument("--cuts", default=None, metavar="I,J,..",
                    help="layer indices to cut at (default: balanced)")

@@ -84,6 +84,9 @@ def evaluate(workers: list[StageWorker], x: torch.Tensor, y: torch.Tensor,
 def emulate(cfg: PipelineConfig) -> dict:
     """Train as the engine would, in this process; returns the summary and the workers."""
     cfg.validate()
+    if cfg.schedule == "ticktock":
+        raise ValueError("schedule 'ticktock' runs on the multi-process engine only (two "
+                         "partitions per rank); it computes what gpipe with the same M does")
     ds = load(cfg)
     dtype = DTYPES[cfg.dtype]
     stream = Stream(cfg, len(ds))

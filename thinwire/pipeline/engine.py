@@ -82,6 +82,10 @@ def train_stage(cfg: PipelineConfig) -> dict:
     """This rank's part of the run: trains its stage, then the pipelined evaluation. Returns
     the stage's summary (timings, events, final parameters; test accuracy on the last stage)."""
     cfg.validate()
+    if cfg.schedule == "ticktock":  # two partitions per rank: Wavelet's own loop
+        from thinwire.wavelet import pipeline_engine
+
+        return pipeline_engine.train_stage(cfg)
     s, S = init(cfg)
     dtype = DTYPES[cfg.dtype]
     ds = load(cfg)
@@ -96,7 +100,7 @@ def train_stage(cfg: PipelineConfig) -> dict:
     first = stream.indices(0)
     _warm_up(stages[s], cfg, s, S, shapes, ds.train_x[first].to(dtype), ds.train_y[first])
     dist.barrier()
-    t_start = time.time()
+    t_start, cpu_start = time.time(), time.process_time()
     for kind, i in ops:
         if kind == "F":
             if s == 0:
@@ -127,14 +131,14 @@ def train_stage(cfg: PipelineConfig) -> dict:
             worker.update()
             events.append(("U", i, tb, time.time()))
     sender.wait_all()
-    t_end = time.time()
+    t_end, cpu_s = time.time(), time.process_time() - cpu_start
     log.info("stage %d: %d operations in %.2f s", s, len(ops), t_end - t_start)
 
     accuracy = _evaluate(worker, s, S, ds.test_x.to(dtype), ds.test_y, tuple(shapes[s][1:]))
     busy = sum(e[3] - e[2] for e in events)
     return {
         "stage": s, "delay": worker.opt.delay, "t_start": t_start, "t_end": t_end,
-        "busy_s": busy, "wall_s": t_end - t_start, "events": events,
+        "busy_s": busy, "wall_s": t_end - t_start, "cpu_s": cpu_s, "events": events,
         "samples": stream.total * cfg.micro_batch,
         "train_loss": worker.loss_sum / worker.loss_count if worker.loss_count else None,
         "test_accuracy": accuracy, "params": [p.detach().clone() for p in worker.opt.params],

@@ -26,6 +26,8 @@ def summarise(cfg: PipelineConfig, stages: list[dict]) -> dict:
         "samples": samples, "wall_s": wall, "samples_per_s": samples / wall if wall else 0.0,
         "test_accuracy": stages[-1]["test_accuracy"], "train_loss": stages[-1]["train_loss"],
         "delays": [st["delay"] for st in stages], "per_stage": util,
+        # process CPU time (all threads, gloo's included) over the run: what a node budget counts
+        "cpu_s": [st.get("cpu_s") for st in stages],
         "cluster_shaped": os.environ.get("THINWIRE_CLUSTER_SHAPED"),
     }
 

@@ -13,12 +13,16 @@ the messages it receives, never on when they arrive.
   backwards, then one update (fill and drain).
 * ``1f1b`` (PipeDream-flush): stage s runs ``min(S-1-s, M)`` warm-up forwards, then alternates
   one forward and one backward, then the remaining backwards, then one update per group.
+* ``ticktock`` (Wavelet's model-parallel tick-tock, ``thinwire/wavelet/pipeline_schedule.py``):
+  gpipe's groups of M micro-batches as two waves of M/2, the second on the model placed in
+  reverse order so that it runs in the first one's bubbles. Its lists are per *rank* (each
+  rank holds two partitions) and run on ``thinwire.wavelet.pipeline_engine``.
 """
 
 from __future__ import annotations
 
 Op = tuple[str, int]
-SCHEDULES = ("pb", "gpipe", "1f1b")
+SCHEDULES = ("pb", "gpipe", "1f1b", "ticktock")
 
 
 def check_schedule(schedule: str, stages: int, micro_batches: int, group: int) -> None:
@@ -42,6 +46,10 @@ def build(schedule: str, stages: int, micro_batches: int, group: int = 1) -> lis
     check_schedule(schedule, stages, micro_batches, group)
     if schedule == "pb":
         return _pb(stages, micro_batches)
+    if schedule == "ticktock":
+        from thinwire.wavelet import pipeline_schedule
+
+        return pipeline_schedule.build(stages, micro_batches, group)
     return _flushed(schedule, stages, micro_batches // group, group)
 
 
