@@ -78,16 +78,32 @@ def check_options(epsilon: float, high_share: float, rate_bps, timeout_s: float,
 
 class Transport(Receiver):
     """``peers``: rank -> (ip, port) of every other rank; ``sock``: this rank's bound UDP socket
-    (the transport owns it). ``drop(kind, dst, round, seq, attempt) -> bool`` is a test hook
-    that loses chosen datagrams at the sender (a seeded loss pattern)."""
+    (the transport owns it). With several links per node, ``sock`` is a list of sockets, one
+    bound on each link, and ``peers`` maps a rank to a list of its addresses, one per link:
+    DATA datagrams to a peer are sprayed over the links round-robin (link k to the peer's
+    address k), control datagrams take link 0. ``datagram_bytes``: the largest datagram (UDP
+    payload; the links' MTU - 28), the same on every rank.
+    ``drop(kind, dst, round, seq, attempt) -> bool`` is a test hook that loses chosen datagrams
+    at the sender (a seeded loss pattern)."""
 
-    def __init__(self, sock: socket.socket, rank: int, peers: dict, job: int, *,
+    def __init__(self, sock, rank: int, peers: dict, job: int, *,
                  epsilon: float = 0.02, high_share: float = 0.1, rate_bps: float | None = None,
                  classes: int | None = None, timeout_s: float = 300.0,
                  deadline_slack: float = 2.0, deadline_s: float | None = None,
-                 max_step_bytes: int | None = None, drop=None):
+                 max_step_bytes: int | None = None, datagram_bytes: int | None = None,
+                 drop=None):
         check_options(epsilon, high_share, rate_bps, timeout_s, deadline_slack, deadline_s)
-        self.rank, self.job, self.peers = rank, job, dict(peers)
+        self._socks = list(sock) if isinstance(sock, (list, tuple)) else [sock]
+        self._links = {r: [tuple(a) for a in (addrs if isinstance(addrs, list) else [addrs])]
+                       for r, addrs in peers.items()}
+        for r, addrs in self._links.items():
+            if len(addrs) != len(self._socks):
+                raise ValueError(f"peers[{r}] has {len(addrs)} link address(es), this rank "
+                                 f"{len(self._socks)} socket(s): every rank needs the same links")
+        self.datagram_bytes = wire.check_datagram_bytes(
+            wire.MAX_DATAGRAM_BYTES if datagram_bytes is None else datagram_bytes)
+        self.rank, self.job = rank, job
+        self.peers = {r: addrs[0] for r, addrs in self._links.items()}
         self.epsilon, self.high_share, self.rate_bps = epsilon, high_share, rate_bps
         self.classes, self.timeout_s = classes, timeout_s
         self.deadline_slack, self.deadline_s = deadline_slack, deadline_s
@@ -96,13 +112,18 @@ class Transport(Receiver):
         # the ancillary data marking a datagram's class: qos.tos_for_class, prepared once
         self._tos = [[(socket.IPPROTO_IP, socket.IP_TOS,
                        struct.pack("i", (classes - 1 - c) << 5))] for c in range(classes or 0)]
-        self._sock = sock
         # non-blocking: the receiver thread drains what is queued after one poll() wait (a
         # socket with a timeout would wait that timeout at the end of every batch)
-        self._sock.setblocking(False)
         self._poller = select.poll()
-        self._poller.register(sock.fileno(), select.POLLIN)
-        self._rank_of = {tuple(addr): r for r, addr in self.peers.items()}
+        self._link_of_fd = {}
+        for link, s_ in enumerate(self._socks):
+            s_.setblocking(False)
+            self._poller.register(s_.fileno(), select.POLLIN)
+            self._link_of_fd[s_.fileno()] = link
+        self._rank_of = {a: r for r, addrs in self._links.items() for a in addrs}
+        self._spray = {r: 0 for r in self._links}  # the link of the next DATA datagram to r
+        self.link_sent = [0] * len(self._socks)      # datagrams sent / received per link
+        self.link_received = [0] * len(self._socks)
         self._cond = threading.Condition()
         self._rounds: dict[int, Round] = {}
         self._current = 0  # the round being exchanged; the receiver accepts it and the next
@@ -113,21 +134,36 @@ class Transport(Receiver):
                                         name=f"thinwire-transport-{rank}")
         self._thread.start()
 
+    @property
+    def _sock(self):
+        """Link 0's socket (control datagrams; the only one with one link per node)."""
+        return self._socks[0]
+
+    @_sock.setter
+    def _sock(self, value) -> None:  # tests put a meddling stand-in in front of it
+        self._socks[0] = value
+
     # ------------------------------------------------------------------ sending
 
     def _send(self, dst: int, datagram: bytes, cls: int = 0, kind: int = wire.DATA,
               round_: int = 0, seq: int = 0, attempt: int = 0) -> None:
         if self._drop is not None and self._drop(kind, dst, round_, seq, attempt):
             return
+        link = 0
+        if kind == wire.DATA and len(self._socks) > 1:  # spraying: order does not matter
+            link = self._spray[dst]
+            self._spray[dst] = (link + 1) % len(self._socks)
+        sock, address = self._socks[link], self._links[dst][link]
         for attempt in range(2):
             try:
                 if self.classes:
-                    self._sock.sendmsg([datagram], self._tos[cls], 0, self.peers[dst])
+                    sock.sendmsg([datagram], self._tos[cls], 0, address)
                 else:
-                    self._sock.sendto(datagram, self.peers[dst])
+                    sock.sendto(datagram, address)
+                self.link_sent[link] += 1
                 return
             except BlockingIOError:  # the socket's send buffer is full: wait for room once
-                select.select([], [self._sock], [], SEND_WAIT_S)
+                select.select([], [sock], [], SEND_WAIT_S)
             except OSError as exc:  # e.g. a peer's port closed (ICMP): it times out later
                 log.debug("send to rank %d failed: %s", dst, exc)
                 return
@@ -164,7 +200,7 @@ class Transport(Receiver):
             raise ValueError(f"indices ({indices.numel()}) and values ({values.numel()}) of a "
                              f"sparse payload must have the same length")
         self._check_size(values, indices is not None)
-        cut = payloads.cut(values, indices, self.high_share)
+        cut = payloads.cut(values, indices, self.high_share, self.datagram_bytes)
         layout = cut.layout
         flags = wire.SPARSE if layout.sparse else 0
         with self._cond:
@@ -186,7 +222,7 @@ class Transport(Receiver):
 
     def _check_size(self, values: torch.Tensor, sparse: bool) -> None:
         entry = values.element_size() + (payloads.INDEX_BYTES if sparse else 0)
-        limit = payloads.max_entries(values.dtype, sparse) * entry
+        limit = payloads.max_entries(values.dtype, sparse, self.datagram_bytes) * entry
         allowed = limit if self.max_step_bytes is None else min(limit, self.max_step_bytes)
         size = values.numel() * entry
         if size > allowed:
@@ -280,7 +316,8 @@ class Transport(Receiver):
     def close(self) -> None:
         self._closing = True
         self._thread.join(timeout=2.0)
-        self._sock.close()
+        for sock in self._socks:
+            sock.close()
 
     def __enter__(self):
         return self

@@ -21,7 +21,7 @@ RECEIVE_BATCH = 256       # datagrams the receiver thread files under one lock
 
 
 class Receiver:
-    """Mixin: needs ``_sock``, ``_poller``, ``_cond``, ``_rounds``, ``_current``, ``_closing``,
+    """Mixin: needs ``_socks``, ``_link_of_fd``, ``link_received``, ``_poller``, ``_cond``, ``_rounds``, ``_current``, ``_closing``,
     ``_rank_of``, ``_budget_s``, ``peers``, ``job``, ``rank``, ``epsilon``, ``counters`` and
     ``_control`` of the Transport."""
 
@@ -132,17 +132,20 @@ class Receiver:
 
     def _receive_loop(self) -> None:
         while not self._closing:
-            if not self._poller.poll(200):  # ms: the thread checks for close this often
-                continue
+            ready = self._poller.poll(200)  # ms: the thread checks for close this often
             batch = []
-            try:  # whatever is queued, up to a batch: one lock for all of them
-                while len(batch) < RECEIVE_BATCH:
-                    batch.append(self._sock.recvfrom(65536))
-            except BlockingIOError:
-                pass
-            except OSError:
-                if self._closing:
-                    return
+            for fd, _ in ready:  # whatever is queued on each link, up to a batch: one lock
+                link = self._link_of_fd[fd]
+                sock, before = self._socks[link], len(batch)
+                try:
+                    while len(batch) < RECEIVE_BATCH:
+                        batch.append(sock.recvfrom(65536))
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    if self._closing:
+                        return
+                self.link_received[link] += len(batch) - before
             if batch:
                 self._receive_batch(batch)
 
