@@ -16,7 +16,10 @@ An exchange ("round") on every rank of the job, all in the same order:
 3. COMMIT: once every peer's final bitmap is in, the sender decides what all ranks apply: the
    datagrams every peer holds. Replicas stay identical: an entry is applied everywhere or
    nowhere. The sender returns the others to its error feedback (conservation).
-4. The round ends on a rank once every peer acknowledged its commit and it holds every peer's.
+4. The round ends on a rank once it holds every peer's commit. Its own commit need not be
+   acknowledged first (that wait was one more peer thread to be scheduled per step): a commit
+   not yet acknowledged stays pending and the receiver thread repeats it until the peer
+   acknowledges it or is heard in a later round (it cannot have finished this one without it).
 
 Control datagrams (POLL, ACK, COMMIT, COMMIT_ACK) travel in the highest class and are repeated
 until answered, so only a dead peer stops a round; that ends in TimeoutError naming the ranks.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import select
 import socket
 import struct
@@ -47,6 +51,8 @@ POLL_S = 0.01            # a missing answer is asked for again after this long
 DEFAULT_DEADLINE_S = 0.05  # after a sender's POLL, where no link rate is known (loopback)
 MIN_DEADLINE_S = 0.02
 SEND_WAIT_S = 0.05        # a full send buffer is waited for this long, then the datagram is lost
+PACINGS = ("sleep", "socket")
+CLOSE_FLUSH_S = 5.0       # close() waits this long at most for peers to confirm our last commit
 
 
 @dataclass
@@ -58,7 +64,7 @@ class Exchanged:
 
 
 def check_options(epsilon: float, high_share: float, rate_bps, timeout_s: float,
-                  deadline_slack: float, deadline_s) -> None:
+                  deadline_slack: float, deadline_s, pacing=None) -> None:
     def number(name, value, low, high=math.inf, low_open=False):
         ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
               and math.isfinite(value) and (value > low if low_open else value >= low)
@@ -74,6 +80,9 @@ def check_options(epsilon: float, high_share: float, rate_bps, timeout_s: float,
         number("rate_bps", rate_bps, 0.0, low_open=True)
     if deadline_s is not None:
         number("deadline_s", deadline_s, 0.0, low_open=True)
+    if pacing is not None and pacing not in PACINGS:
+        raise ValueError(f"pacing must be one of {', '.join(PACINGS)} or None (automatic), "
+                         f"got {pacing!r}")
 
 
 class Transport(Receiver):
@@ -91,8 +100,14 @@ class Transport(Receiver):
                  classes: int | None = None, timeout_s: float = 300.0,
                  deadline_slack: float = 2.0, deadline_s: float | None = None,
                  max_step_bytes: int | None = None, datagram_bytes: int | None = None,
-                 drop=None):
-        check_options(epsilon, high_share, rate_bps, timeout_s, deadline_slack, deadline_s)
+                 pacing: str | None = None, drop=None):
+        check_options(epsilon, high_share, rate_bps, timeout_s, deadline_slack, deadline_s,
+                      pacing)
+        # "socket": the shaped link's qdisc paces and the socket's send buffer holds the sender
+        # back (no wake-up per millisecond); "sleep": the sender paces itself at rate_bps (where
+        # nothing shapes, e.g. loopback). Default: socket on the emulated cluster's links.
+        shaped = os.environ.get("THINWIRE_CLUSTER_SHAPED") == "1"
+        self.pacing = pacing or ("socket" if shaped else "sleep")
         self._socks = list(sock) if isinstance(sock, (list, tuple)) else [sock]
         self._links = {r: [tuple(a) for a in (addrs if isinstance(addrs, list) else [addrs])]
                        for r, addrs in peers.items()}
@@ -129,6 +144,7 @@ class Transport(Receiver):
         self._current = 0  # the round being exchanged; the receiver accepts it and the next
         self._next = 0
         self._budget_s = DEFAULT_DEADLINE_S
+        self._pending: dict = {}  # peer -> (round, commit bitmap) not yet acknowledged
         self._closing = False
         self._thread = threading.Thread(target=self._receive_loop, daemon=True,
                                         name=f"thinwire-transport-{rank}")
@@ -154,7 +170,9 @@ class Transport(Receiver):
             link = self._spray[dst]
             self._spray[dst] = (link + 1) % len(self._socks)
         sock, address = self._socks[link], self._links[dst][link]
-        for attempt in range(2):
+        # with socket pacing a full send buffer is the norm (the link drains it): wait for room
+        waits = 1 if self.pacing == "sleep" else max(1, int(self.timeout_s / SEND_WAIT_S))
+        for attempt in range(waits + 1):
             try:
                 if self.classes:
                     sock.sendmsg([datagram], self._tos[cls], 0, address)
@@ -162,7 +180,7 @@ class Transport(Receiver):
                     sock.sendto(datagram, address)
                 self.link_sent[link] += 1
                 return
-            except BlockingIOError:  # the socket's send buffer is full: wait for room once
+            except BlockingIOError:  # the socket's send buffer is full: wait for room
                 select.select([], [sock], [], SEND_WAIT_S)
             except OSError as exc:  # e.g. a peer's port closed (ICMP): it times out later
                 log.debug("send to rank %d failed: %s", dst, exc)
@@ -185,7 +203,7 @@ class Transport(Receiver):
                     continue  # that receiver stopped waiting: the rest would be late
                 self._send(peer, datagrams[seq], classes[seq], wire.DATA, rnd.number, seq)
                 self.counters.sent += 1
-                if self.rate_bps:
+                if self.rate_bps and self.pacing == "sleep":
                     sent_bits += 8 * (len(datagrams[seq]) + wire.WIRE_OVERHEAD_BYTES)
                     ahead = sent_bits / self.rate_bps - (time.perf_counter() - start)
                     if ahead > 0.001:
@@ -277,8 +295,10 @@ class Transport(Receiver):
                         if not out.commit_acked and now - out.last_commit >= POLL_S:
                             out.last_commit = now
                             self._control(rnd, wire.COMMIT, peer, bits, total=rnd.layout.total)
-                if rnd.commit is not None and all(o.commit_acked for o in rnd.outgoing.values()) \
-                        and all(i.commit is not None for i in rnd.incoming.values()):
+                if rnd.commit is not None and \
+                        all(i.commit is not None for i in rnd.incoming.values()):
+                    self._pending = {peer: (rnd, bits) for peer, out in rnd.outgoing.items()
+                                     if not out.commit_acked}
                     return
                 if now - start > self.timeout_s:
                     raise TimeoutError(self._stuck(rnd))
@@ -314,6 +334,8 @@ class Transport(Receiver):
         return Exchanged(parts, own_lost, wire_bytes)
 
     def close(self) -> None:
+        with self._cond:  # the peers may still need our last commit (the receiver repeats it)
+            self._cond.wait_for(lambda: not self._pending, timeout=CLOSE_FLUSH_S)
         self._closing = True
         self._thread.join(timeout=2.0)
         for sock in self._socks:
