@@ -54,6 +54,24 @@ def _bulk_flow(rank: int, port: int, stop_file: str, classes: int):
     return proc
 
 
+def variant(text: str) -> tuple[str, dict]:
+    """'dlcp:pacing=sleep,datagram_bytes=1472' -> ('dlcp', {'pacing': 'sleep', ...})."""
+    name, _, given = text.partition(":")
+    options = {}
+    for item in filter(None, given.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"variant {text!r}: options must be KEY=VALUE, got {item!r}")
+        for convert in (int, float):
+            try:
+                value = convert(value)
+                break
+            except ValueError:
+                continue
+        options[key.strip()] = value
+    return name, options
+
+
 def _timed_steps(state: SyncState, size: int, steps: int, rank: int) -> tuple[list, dict]:
     times, totals = [], {}
     for step in range(steps):
@@ -99,9 +117,11 @@ def main(argv: list[str] | None = None) -> None:
             if args.bulk_port and topology.world_size >= 2 and classes >= 2:
                 bulk = _bulk_flow(rank, args.bulk_port, stop_file, classes)
             for algorithm in args.algorithms:
-                options = {"epsilon": args.epsilon} if algorithm == "dlcp" else None
-                state = SyncState(topology, algorithm, args.density, "exact",
-                                  algorithm_options=options)
+                name, options = variant(algorithm)
+                if name == "dlcp":
+                    options = {"epsilon": args.epsilon, **options}
+                state = SyncState(topology, name, args.density, "exact",
+                                  algorithm_options=options or None)
                 _timed_steps(state, args.size, args.warmup, rank + 10_000)
                 times, totals = _timed_steps(state, args.size, args.steps, rank)
                 n = args.steps
@@ -114,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
                 if rate:
                     row["wire_s"] = 8 * row["bytes_inter_per_step"] / rate
                     row["mean_vs_wire"] = row["mean_s"] / row["wire_s"]
-                if algorithm == "dlcp":
+                if name == "dlcp":
                     for key in dlcp.COUNTERS.values():
                         row[key] = totals.get(key, 0.0)
                     row["missed_share"] = dlcp.missed_share(totals)

@@ -88,6 +88,12 @@ def open_transport(group=None, **options) -> Transport:
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     links = _env_int("THINWIRE_LINKS_PER_NODE", 1)
     datagram_bytes = _env_int("THINWIRE_LINK_MTU", 1500) - 28  # IPv4 + UDP headers
+    asked = options.pop("datagram_bytes", None)
+    if asked is not None:  # smaller than the links allow (e.g. to compare); never larger
+        if asked > datagram_bytes:
+            raise ValueError(f"datagram_bytes={asked} does not fit the links' MTU: at most "
+                             f"{datagram_bytes} (THINWIRE_LINK_MTU - 28)")
+        datagram_bytes = asked
     socks = []
     try:
         for host in link_addresses(local_address(), links):
