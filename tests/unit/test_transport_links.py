@@ -98,3 +98,17 @@ def test_bad_link_settings_are_refused_with_the_parameter_and_range():
     assert link_addresses("10.77.0.3", 3) == ["10.77.0.3", "10.77.1.3", "10.77.2.3"]
     with pytest.raises(ValueError, match="THINWIRE_LINKS_PER_NODE=2 needs the emulated"):
         link_addresses("127.0.0.1", 2)
+
+
+def test_socket_pacing_gives_the_same_result(reference):
+    """pacing='socket' (the shaped cluster's default): no sleeps, full send buffers are waited
+    for, the POLL waits for the socket's output queue to drain."""
+    ts = make_transports(W, links=2, pacing="socket", rate_bps=50e6)
+    try:
+        assert all(t.pacing == "socket" for t in ts)
+        assert _equal(_exchange(ts), reference)
+    finally:
+        close_all(ts)
+    with pytest.raises(ValueError, match=r"pacing must be one of sleep, socket or None "
+                                         r"\(automatic\), got 'fast'"):
+        make_transports(1, pacing="fast")

@@ -27,12 +27,14 @@ until answered, so only a dead peer stops a round; that ends in TimeoutError nam
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import math
 import os
 import select
 import socket
 import struct
+import termios
 import threading
 import time
 from dataclasses import dataclass
@@ -53,6 +55,14 @@ MIN_DEADLINE_S = 0.02
 SEND_WAIT_S = 0.05        # a full send buffer is waited for this long, then the datagram is lost
 PACINGS = ("sleep", "socket")
 CLOSE_FLUSH_S = 5.0       # close() waits this long at most for peers to confirm our last commit
+
+
+def _output_queue(sock) -> int:
+    """Bytes (skb truesize) of this socket still waiting to leave; 0 where unknown."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+    except (OSError, AttributeError):
+        return 0
 
 
 @dataclass
@@ -209,6 +219,20 @@ class Transport(Receiver):
                     if ahead > 0.001:
                         time.sleep(ahead)
 
+    def _wait_sent(self) -> None:
+        """With socket pacing, datagrams may still wait in this node's qdisc when the last send
+        returns; the POLL (class 0) would overtake them and start the receivers' deadlines too
+        early. So wait until the links have taken them: a socket's output queue (SIOCOUTQ:
+        the send-buffer bytes not yet handed to the device) drains at the link's rate."""
+        if self.pacing != "socket" or not self.rate_bps:
+            return
+        link_bps = self.rate_bps / len(self._socks)
+        for _ in range(1000):  # a few rounds: each sleeps about half of what is left
+            queued = max(_output_queue(s) for s in self._socks)
+            if queued <= 0:
+                return
+            time.sleep(min(0.05, queued * 8 / link_bps / 2) + 0.0005)
+
     # ------------------------------------------------------------------ the exchange
 
     def exchange(self, step: int, bucket: int, values: torch.Tensor,
@@ -235,6 +259,7 @@ class Transport(Receiver):
             wire_s = 8 * per_peer_bytes / self.rate_bps  # one sender's payload to this rank
             self._budget_s = max(MIN_DEADLINE_S, self.deadline_slack * wire_s)
         self._paced_send_all(rnd, datagrams, classes, cut.send_order)
+        self._wait_sent()
         self._finish(rnd, cut, datagrams, classes)
         return self._result(rnd, cut, per_peer_bytes * len(self.peers))
 
