@@ -140,10 +140,12 @@ class Transport(Receiver):
         # non-blocking: the receiver thread drains what is queued after one poll() wait (a
         # socket with a timeout would wait that timeout at the end of every batch)
         self._poller = select.poll()
+        self._main_poller = select.poll()  # a poll object may not be polled by two threads
         self._link_of_fd = {}
         for link, s_ in enumerate(self._socks):
             s_.setblocking(False)
             self._poller.register(s_.fileno(), select.POLLIN)
+            self._main_poller.register(s_.fileno(), select.POLLIN)
             self._link_of_fd[s_.fileno()] = link
         self._rank_of = {a: r for r, addrs in self._links.items() for a in addrs}
         self._spray = {r: 0 for r in self._links}  # the link of the next DATA datagram to r
@@ -155,6 +157,8 @@ class Transport(Receiver):
         self._next = 0
         self._budget_s = DEFAULT_DEADLINE_S
         self._pending: dict = {}  # peer -> (round, commit bitmap) not yet acknowledged
+        self._main_reads = False  # the exchanging thread reads the sockets (in _finish)
+        self._receiver_wake = threading.Event()
         self._closing = False
         self._thread = threading.Thread(target=self._receive_loop, daemon=True,
                                         name=f"thinwire-transport-{rank}")
@@ -294,40 +298,50 @@ class Transport(Receiver):
     def _finish(self, rnd: Round, cut, datagrams: list, classes: list) -> None:
         start = time.perf_counter()
         high = [seq for seq in range(len(datagrams)) if cut.high[seq]]
-        with self._cond:
-            while True:
-                now = time.perf_counter()
-                for sender, incoming in rnd.incoming.items():
-                    self._maybe_final(rnd, sender, incoming, now)
+        self._receiver_wake.clear()
+        self._main_reads = True
+        try:
+            with self._cond:
+                self._finish_locked(rnd, datagrams, classes, high, start)
+        finally:
+            self._main_reads = False
+            self._receiver_wake.set()
+
+    def _finish_locked(self, rnd: Round, datagrams: list, classes: list, high: list,
+                       start: float) -> None:
+        while True:
+            now = time.perf_counter()
+            for sender, incoming in rnd.incoming.items():
+                self._maybe_final(rnd, sender, incoming, now)
+            for peer, out in rnd.outgoing.items():
+                if out.final is None and now - out.last_poll >= POLL_S:
+                    out.last_poll = now
+                    self._control(rnd, wire.POLL, peer)
+                if out.final is None and out.ack_version > out.acted_version:
+                    out.acted_version = out.ack_version
+                    for seq in high:
+                        if seq not in out.ack:
+                            self._send(peer, datagrams[seq], classes[seq], wire.DATA,
+                                       rnd.number, seq, out.ack_version)
+                            self.counters.retransmitted += 1
+            if rnd.commit is None and all(o.final is not None
+                                          for o in rnd.outgoing.values()):
+                rnd.commit = frozenset(range(rnd.layout.total)).intersection(
+                    *[o.final for o in rnd.outgoing.values()])
+            if rnd.commit is not None:
+                bits = wire.bitmap(rnd.commit, rnd.layout.total)
                 for peer, out in rnd.outgoing.items():
-                    if out.final is None and now - out.last_poll >= POLL_S:
-                        out.last_poll = now
-                        self._control(rnd, wire.POLL, peer)
-                    if out.final is None and out.ack_version > out.acted_version:
-                        out.acted_version = out.ack_version
-                        for seq in high:
-                            if seq not in out.ack:
-                                self._send(peer, datagrams[seq], classes[seq], wire.DATA,
-                                           rnd.number, seq, out.ack_version)
-                                self.counters.retransmitted += 1
-                if rnd.commit is None and all(o.final is not None
-                                              for o in rnd.outgoing.values()):
-                    rnd.commit = frozenset(range(rnd.layout.total)).intersection(
-                        *[o.final for o in rnd.outgoing.values()])
-                if rnd.commit is not None:
-                    bits = wire.bitmap(rnd.commit, rnd.layout.total)
-                    for peer, out in rnd.outgoing.items():
-                        if not out.commit_acked and now - out.last_commit >= POLL_S:
-                            out.last_commit = now
-                            self._control(rnd, wire.COMMIT, peer, bits, total=rnd.layout.total)
-                if rnd.commit is not None and \
-                        all(i.commit is not None for i in rnd.incoming.values()):
-                    self._pending = {peer: (rnd, bits) for peer, out in rnd.outgoing.items()
-                                     if not out.commit_acked}
-                    return
-                if now - start > self.timeout_s:
-                    raise TimeoutError(self._stuck(rnd))
-                self._cond.wait(timeout=POLL_S / 2)
+                    if not out.commit_acked and now - out.last_commit >= POLL_S:
+                        out.last_commit = now
+                        self._control(rnd, wire.COMMIT, peer, bits, total=rnd.layout.total)
+            if rnd.commit is not None and \
+                    all(i.commit is not None for i in rnd.incoming.values()):
+                self._pending = {peer: (rnd, bits) for peer, out in rnd.outgoing.items()
+                                 if not out.commit_acked}
+                return
+            if now - start > self.timeout_s:
+                raise TimeoutError(self._stuck(rnd))
+            self._receive_here(POLL_S / 2)
 
     def _stuck(self, rnd: Round) -> str:
         silent = [s for s, i in rnd.incoming.items() if i.first is None]
