@@ -3,8 +3,9 @@
 A `NodeMonitor` thread samples every `interval_s` (default 100 ms):
   - from the node's cgroups (when the run has them): CPU seconds used, memory in use;
   - from /proc/<pid>/net/dev of the node's torchrun (a process inside the node's namespace, so
-    the file shows that namespace's interfaces): bytes sent and received on eth0..ethK-1 (the node's links
-    to the switch) and on lo (between ranks of the node). No subprocess per sample.
+    the file shows that namespace's interfaces): bytes sent and received on its links to the
+    switch (eth0, and eth1.. with several links per node, summed) and on lo (between ranks of
+    the node). No subprocess per sample.
 It also watches the cgroups' OOM-kill counters: when the kernel kills a process of a node for
 exceeding its memory limit, `oom` is set within one interval and the launcher stops the run with
 `NodeOutOfMemory` naming the node, the limit and the peak usage.

@@ -31,9 +31,10 @@ IDLE_POLL_MS = 200        # the thread checks for close this often
 
 
 class Receiver:
-    """Mixin: needs ``_socks``, ``_link_of_fd``, ``link_received``, ``_poller``, ``_cond``, ``_rounds``, ``_current``, ``_closing``,
-    ``_rank_of``, ``_budget_s``, ``peers``, ``job``, ``rank``, ``epsilon``, ``counters`` and
-    ``_control`` of the Transport."""
+    """Mixin: needs ``_socks``, ``link_received``, ``_poller``, ``_main_poller``,
+    ``_main_reads``, ``_receiver_wake``, ``_pending``, ``_cond``, ``_rounds``, ``_current``,
+    ``_closing``, ``_rank_of``, ``_budget_s``, ``peers``, ``job``, ``rank``, ``epsilon``,
+    ``counters`` and ``_control`` of the Transport."""
 
     def _maybe_final(self, rnd: Round, sender: int, incoming, now: float) -> None:
         if incoming.final is not None or not rnd.registered:
