@@ -299,13 +299,13 @@ class Transport(Receiver):
         start = time.perf_counter()
         high = [seq for seq in range(len(datagrams)) if cut.high[seq]]
         self._receiver_wake.clear()
-        self._main_reads = True
-        try:
-            with self._cond:
+        with self._cond:  # set under the lock: the receiver thread drains only under it
+            self._main_reads = True
+            try:
                 self._finish_locked(rnd, datagrams, classes, high, start)
-        finally:
-            self._main_reads = False
-            self._receiver_wake.set()
+            finally:
+                self._main_reads = False
+                self._receiver_wake.set()
 
     def _finish_locked(self, rnd: Round, datagrams: list, classes: list, high: list,
                        start: float) -> None:
