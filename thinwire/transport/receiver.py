@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 POLL_S = 0.01  # endpoint.POLL_S: a commit not acknowledged is repeated this often
 
 
-def wire_ms(pending: dict) -> int:
+def poll_timeout_ms(pending: dict) -> int:
     """How long the receiver thread may block in poll(): short while a commit is pending."""
     return int(POLL_S * 1000) if pending else IDLE_POLL_MS
 
@@ -158,7 +158,7 @@ class Receiver:
             if self._main_reads:  # the exchanging thread reads the sockets itself meanwhile
                 self._receiver_wake.wait(IDLE_POLL_MS / 1000)
                 continue
-            ready = self._poller.poll(wire_ms(self._pending))
+            ready = self._poller.poll(poll_timeout_ms(self._pending))
             if not ready:
                 self._repeat_pending()
                 continue
@@ -181,7 +181,8 @@ class Receiver:
             self._repeat_pending()
 
     def _drain(self) -> list:
-        """Whatever is queued on each link, up to a batch per link (without the lock)."""
+        """Whatever is queued on each link, up to a batch per link. Called by the receiver
+        thread under the lock, by the exchanging thread (``_receive_here``) without it."""
         batch = []
         for link, sock in enumerate(self._socks):
             before = len(batch)
