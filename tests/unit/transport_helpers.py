@@ -10,11 +10,16 @@ from thinwire.transport.endpoint import Transport
 from thinwire.transport.setup import bind_socket
 
 
-def make_transports(world: int, drops=None, **options) -> list[Transport]:
-    socks = [bind_socket("127.0.0.1") for _ in range(world)]
-    addresses = [s.getsockname()[:2] for s in socks]
+def make_transports(world: int, drops=None, links: int = 1, **options) -> list[Transport]:
+    """``links`` > 1: every rank gets that many sockets (loopback ports standing in for a
+    node's links), and its peers' addresses on each."""
+    socks = [[bind_socket("127.0.0.1") for _ in range(links)] for _ in range(world)]
+    addresses = [[s.getsockname()[:2] for s in mine] for mine in socks]
     job = secrets.randbits(32)
     drops = drops or [None] * world
+    if links == 1:
+        return [Transport(s[0], r, {p: addresses[p][0] for p in range(world) if p != r}, job,
+                          drop=drops[r], **options) for r, s in enumerate(socks)]
     return [Transport(s, r, {p: addresses[p] for p in range(world) if p != r}, job,
                       drop=drops[r], **options) for r, s in enumerate(socks)]
 
@@ -107,3 +112,35 @@ class Meddler:
     def sendmsg(self, buffers, ancillary, flags, address):
         self._out(self._variants(b"".join(buffers)),
                   lambda d: self.sock.sendmsg([d], ancillary, flags, address))
+
+
+class Shuffler:
+    """Stands in for a transport's socket: holds back every DATA datagram and sends them all
+    in a seeded random order when the sender sends its next control datagram (its POLL), so a
+    receiver gets a payload in an order unrelated to the one it was sent in."""
+
+    def __init__(self, sock, seed: int):
+        from thinwire.transport import wire
+        self.wire, self.sock, self.held = wire, sock, []
+        self.random = random.Random(seed)
+        self.lock = threading.Lock()
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
+
+    def _out(self, datagram: bytes, send) -> None:
+        with self.lock:
+            if self.wire.decode(datagram)[0].kind == self.wire.DATA:
+                self.held.append((datagram, send))
+                return
+            self.random.shuffle(self.held)
+            for d, its_send in self.held:
+                its_send(d)
+            self.held = []
+            send(datagram)
+
+    def sendto(self, datagram, address):
+        self._out(datagram, lambda d: self.sock.sendto(d, address))
+
+    def sendmsg(self, buffers, ancillary, flags, address):
+        self._out(b"".join(buffers), lambda d: self.sock.sendmsg([d], ancillary, flags, address))

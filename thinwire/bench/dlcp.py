@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from thinwire.bench.report import format_table, run_cluster_worker, save_if_asked
 from thinwire.cluster.cli import add_resource_options, resource_kwargs
+from thinwire.collectives.dlcp import options as dlcp_options
 
 COLUMNS = ("algorithm", "mean_s", "p50_s", "p99_s", "p99_vs_gloo", "mean_vs_wire", "wire_s",
            "select_s", "comm_s", "cpu_s",
@@ -22,11 +23,17 @@ BASELINE = "topk_allgather"
 
 
 def run(spec, size: int, density: float, steps: int, epsilon: float, bulk: bool,
-        bulk_port: int = 45000, timeout_s: float = 1800) -> dict:
+        bulk_port: int = 45000, timeout_s: float = 1800, variants: tuple = ()) -> dict:
+    """``variants``: more dlcp rows in the same run, each 'KEY=VALUE,...' of dlcp's options."""
+    from thinwire.bench.dlcp_worker import variant
+
+    names = ["dlcp"] + [f"dlcp:{v}" for v in variants]
+    for name in names:  # a bad option fails here, before the cluster is built
+        dlcp_options(variant(name)[1])
     result = run_cluster_worker(
         spec, "thinwire.bench.dlcp_worker",
         ["--size", str(size), "--density", str(density), "--steps", str(steps),
-         "--epsilon", str(epsilon), "--algorithms", "dlcp", BASELINE,
+         "--epsilon", str(epsilon), "--algorithms", *names, BASELINE,
          "--bulk-port", str(bulk_port if bulk else 0)], timeout_s)
     by_name = {row["algorithm"]: row for row in result["rows"]}
     for row in result["rows"]:
@@ -35,7 +42,8 @@ def run(spec, size: int, density: float, steps: int, epsilon: float, bulk: bool,
                          "inter_node_bandwidth": spec.inter_node_bandwidth, "loss": spec.loss,
                          "link_classes": spec.link_classes, "shaping": spec.shaping,
                          "size": size, "density": density, "steps": steps,
-                         "epsilon": epsilon, "bulk_flow": bulk}
+                         "epsilon": epsilon, "bulk_flow": bulk,
+                         "links_per_node": spec.links_per_node, "link_mtu": spec.link_mtu}
     return result
 
 
@@ -49,7 +57,8 @@ def _main(args) -> int:
     spec = ClusterSpec(nodes=args.nodes, ranks_per_node=args.ranks_per_node,
                        inter_node_bandwidth=args.inter_node_bandwidth if shaped else None,
                        loss=args.loss if shaped else None, shaping=shaped, **resources)
-    result = run(spec, args.size, args.density, args.steps, args.epsilon, not args.no_bulk)
+    result = run(spec, args.size, args.density, args.steps, args.epsilon, not args.no_bulk,
+                 variants=tuple(args.dlcp_variant or ()))
     print(format_table(result["rows"], COLUMNS))
     save_if_asked(args.json, result)
     return 0
@@ -74,6 +83,9 @@ def register(bench_subparsers) -> None:
                         help="dlcp: share of low-class datagrams a step may miss (default 0.02)")
     parser.add_argument("--no-bulk", action="store_true",
                         help="no competing bulk flow (default: one, in the lowest class)")
+    parser.add_argument("--dlcp-variant", action="append", default=None, metavar="KEY=VALUE,...",
+                        help="one more dlcp row in the same run with these options (repeatable), "
+                             "e.g. pacing=sleep,datagram_bytes=1472 (default: none)")
     parser.add_argument("--json", metavar="PATH", default=None, help="write the result here")
     add_resource_options(parser)
     parser.set_defaults(func=_main, link_classes=3)

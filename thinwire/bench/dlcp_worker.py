@@ -1,7 +1,8 @@
 """One rank of `thinwire bench dlcp` (launched by the cluster launcher, torchrun environment).
 
-Per algorithm, ``--steps`` timed synchronisations of one bucket (a fresh gradient each step, the
-same on every algorithm), the step time being the slowest rank's. With ``--bulk-port``, a TCP
+``--steps`` timed synchronisations of one bucket per algorithm, the algorithms taking turns
+step by step (a fresh gradient each step, the same on every algorithm), the step time being the
+slowest rank's. With ``--bulk-port``, a TCP
 bulk flow in the lowest priority class runs node 1 -> node 0 all the while (the probe of
 `thinwire cluster check`), competing for the same links. Rank 0 writes the rows to ``--out``.
 """
@@ -54,9 +55,28 @@ def _bulk_flow(rank: int, port: int, stop_file: str, classes: int):
     return proc
 
 
-def _timed_steps(state: SyncState, size: int, steps: int, rank: int) -> tuple[list, dict]:
-    times, totals = [], {}
-    for step in range(steps):
+def variant(text: str) -> tuple[str, dict]:
+    """'dlcp:pacing=sleep,datagram_bytes=1472' -> ('dlcp', {'pacing': 'sleep', ...})."""
+    name, _, given = text.partition(":")
+    options = {}
+    for item in filter(None, given.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"variant {text!r}: options must be KEY=VALUE, got {item!r}")
+        for convert in (int, float):
+            try:
+                value = convert(value)
+                break
+            except ValueError:
+                continue
+        options[key.strip()] = value
+    return name, options
+
+
+def _timed_steps(state: SyncState, size: int, steps: int, rank: int,
+                 first: int = 0, totals: dict | None = None) -> tuple[list, dict]:
+    times, totals = [], ({} if totals is None else totals)
+    for step in range(first, first + steps):
         grad = torch.randn(size, generator=torch.Generator().manual_seed(7919 * step + rank))
         dist.barrier(group=state.topology.world)
         start, cpu = time.perf_counter(), time.process_time()
@@ -98,26 +118,39 @@ def main(argv: list[str] | None = None) -> None:
         try:
             if args.bulk_port and topology.world_size >= 2 and classes >= 2:
                 bulk = _bulk_flow(rank, args.bulk_port, stop_file, classes)
+            states = {}
             for algorithm in args.algorithms:
-                options = {"epsilon": args.epsilon} if algorithm == "dlcp" else None
-                state = SyncState(topology, algorithm, args.density, "exact",
-                                  algorithm_options=options)
-                _timed_steps(state, args.size, args.warmup, rank + 10_000)
-                times, totals = _timed_steps(state, args.size, args.steps, rank)
+                name, options = variant(algorithm)
+                if name == "dlcp":
+                    options = {"epsilon": args.epsilon, **options}
+                states[algorithm] = SyncState(topology, name, args.density, "exact",
+                                              algorithm_options=options or None)
+                _timed_steps(states[algorithm], args.size, args.warmup, rank + 10_000)
+            # interleaved, one step of each algorithm in turn: the host's load, which changes
+            # over minutes here, then weighs on every algorithm alike
+            times = {a: [] for a in states}
+            totals = {a: {} for a in states}
+            for step in range(args.steps):
+                for algorithm, state in states.items():
+                    times[algorithm] += _timed_steps(state, args.size, 1, rank, step,
+                                                     totals[algorithm])[0]
+            for algorithm in args.algorithms:
+                name = variant(algorithm)[0]
+                times_, totals_ = times[algorithm], totals[algorithm]
                 n = args.steps
-                row = {"algorithm": algorithm, "steps": n, "times_s": times,
-                       "mean_s": statistics.fmean(times), "p50_s": statistics.median(times),
-                       "p99_s": statistics.quantiles(times, n=100, method="inclusive")[98],
-                       "bytes_inter_per_step": totals["bytes_inter"] / n,
-                       "select_s": totals["select_s"] / n, "comm_s": totals["comm_s"] / n,
-                       "cpu_s": totals["cpu_s"] / n}
+                row = {"algorithm": algorithm, "steps": n, "times_s": times_,
+                       "mean_s": statistics.fmean(times_), "p50_s": statistics.median(times_),
+                       "p99_s": statistics.quantiles(times_, n=100, method="inclusive")[98],
+                       "bytes_inter_per_step": totals_["bytes_inter"] / n,
+                       "select_s": totals_["select_s"] / n, "comm_s": totals_["comm_s"] / n,
+                       "cpu_s": totals_["cpu_s"] / n}
                 if rate:
                     row["wire_s"] = 8 * row["bytes_inter_per_step"] / rate
                     row["mean_vs_wire"] = row["mean_s"] / row["wire_s"]
-                if algorithm == "dlcp":
+                if name == "dlcp":
                     for key in dlcp.COUNTERS.values():
-                        row[key] = totals.get(key, 0.0)
-                    row["missed_share"] = dlcp.missed_share(totals)
+                        row[key] = totals_.get(key, 0.0)
+                    row["missed_share"] = dlcp.missed_share(totals_)
                 rows.append(row)
         finally:
             open(stop_file, "w").close()

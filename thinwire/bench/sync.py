@@ -20,12 +20,17 @@ COLUMNS = ("algorithm", "median_s", "vs_allreduce", "vs_topk_allgather", "inter_
 
 def run(spec, size: int = 25_600_000, bucket_mb: float = 25.0, density: float = 0.01,
         selector: str = "mstopk", algorithms=None, repeats: int = 5,
-        timeout_s: float = 1800) -> dict:
+        timeout_s: float = 1800, dlcp_epsilon: float = 0.02,
+        dlcp_high_share: float = 0.1) -> dict:
+    from thinwire.train.grad_sync import check_dlcp
+
+    check_dlcp(dlcp_epsilon, dlcp_high_share)  # before the cluster is built
     algorithms = list(algorithms or collectives.names())
     result = run_cluster_worker(
         spec, "thinwire.bench.sync_worker",
         ["--size", str(size), "--bucket-mb", str(bucket_mb), "--density", str(density),
-         "--selector", selector, "--repeats", str(repeats), "--algorithms", *algorithms],
+         "--selector", selector, "--repeats", str(repeats), "--algorithms", *algorithms,
+         "--dlcp-epsilon", str(dlcp_epsilon), "--dlcp-high-share", str(dlcp_high_share)],
         timeout_s)
     by_name = {row["algorithm"]: row for row in result["rows"]}
     for row in result["rows"]:
@@ -52,7 +57,8 @@ def _main(args: argparse.Namespace) -> int:
                        intra_node_bandwidth=args.intra_node_bandwidth,
                        shaping=not args.no_shaping, **resource_kwargs(args))
     result = run(spec, args.size, args.bucket_mb, args.density, args.selector, args.algorithms,
-                 args.repeats)
+                 args.repeats, dlcp_epsilon=args.dlcp_epsilon,
+                 dlcp_high_share=args.dlcp_high_share)
     print(format_table(result["rows"], COLUMNS))
     save_if_asked(args.json, result)
     return 0
@@ -79,6 +85,12 @@ def register(bench_subparsers) -> None:
                         default=list(collectives.names()), help="algorithms to time")
     parser.add_argument("--repeats", type=int, default=5,
                         help="timed synchronisations per algorithm (the median is reported)")
+    parser.add_argument("--dlcp-epsilon", type=float, default=0.02,
+                        help="dlcp: share of low-class datagrams a step may miss, in [0, 0.1] "
+                             "(default 0.02)")
+    parser.add_argument("--dlcp-high-share", type=float, default=0.1,
+                        help="dlcp: share of datagrams in the high class, in [0, 1] "
+                             "(default 0.1)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     add_resource_options(parser)
     parser.set_defaults(func=_main)

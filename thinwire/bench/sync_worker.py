@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--selector", required=True)
     parser.add_argument("--algorithms", nargs="+", required=True)
     parser.add_argument("--repeats", type=int, required=True)
+    parser.add_argument("--dlcp-epsilon", type=float, default=0.02)
+    parser.add_argument("--dlcp-high-share", type=float, default=0.1)
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)  # several ranks share this machine's cores
@@ -56,7 +58,10 @@ def main(argv: list[str] | None = None) -> None:
     buckets = list(gradient.split(per_bucket))
     rows = []
     for algorithm in args.algorithms:
-        state = SyncState(topology, algorithm, args.density, args.selector)
+        options = ({"epsilon": args.dlcp_epsilon, "high_share": args.dlcp_high_share}
+                   if algorithm == "dlcp" else None)
+        state = SyncState(topology, algorithm, args.density, args.selector,
+                          algorithm_options=options)
         _one_sync(state, buckets)  # warm-up: residuals exist, allocations done
         times = []
         totals = {"select_s": 0.0, "intra_s": 0.0, "inter_s": 0.0}

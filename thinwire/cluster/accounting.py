@@ -3,8 +3,9 @@
 A `NodeMonitor` thread samples every `interval_s` (default 100 ms):
   - from the node's cgroups (when the run has them): CPU seconds used, memory in use;
   - from /proc/<pid>/net/dev of the node's torchrun (a process inside the node's namespace, so
-    the file shows that namespace's interfaces): bytes sent and received on eth0 (the node's link
-    to the switch) and on lo (between ranks of the node). No subprocess per sample.
+    the file shows that namespace's interfaces): bytes sent and received on its links to the
+    switch (eth0, and eth1.. with several links per node, summed) and on lo (between ranks of
+    the node). No subprocess per sample.
 It also watches the cgroups' OOM-kill counters: when the kernel kills a process of a node for
 exceeding its memory limit, `oom` is set within one interval and the launcher stops the run with
 `NodeOutOfMemory` naming the node, the limit and the peak usage.
@@ -109,7 +110,8 @@ class NodeMonitor:
             if pid is not None:
                 try:
                     dev = read_net_dev(pid)
-                    rx, tx = dev.get("eth0", (0, 0))
+                    links = [v for k, v in dev.items() if k.startswith("eth")]  # K links
+                    rx, tx = sum(v[0] for v in links), sum(v[1] for v in links)
                     net = (tx, rx, dev.get("lo", (0, 0))[1])
                     self._last_net[node] = net
                 except (OSError, ValueError, IndexError):

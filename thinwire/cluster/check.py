@@ -98,8 +98,10 @@ def measure_links(spec: ClusterSpec, network: Network | None, seconds: float = 1
     rows = []
     if n1 is not None:
         bps = measure_bandwidth(n0, n1, host0, seconds, port)
-        rows.append(_row("inter-node", "bandwidth", spec.inter_node_bps if shaped else None,
-                         bps, format_rate))
+        # one TCP flow takes link 0 only: with K links per node, the node's rate / K
+        path = "inter-node" if spec.links_per_node == 1 else "inter-node, link 0"
+        rows.append(_row(path, "bandwidth", spec.link_bps if shaped else None, bps,
+                         format_rate))
         one_way = measure_rtt(n0, n1, host0, port=port) / 2
         rows.append(_row("inter-node", "latency (one-way)",
                          spec.inter_node_latency_s if shaped else None, one_way, format_latency))
@@ -113,7 +115,7 @@ def measure_links(spec: ClusterSpec, network: Network | None, seconds: float = 1
 
 def allreduce_numel(spec: ClusterSpec, target_s: float = 0.5) -> int:
     """A tensor size whose ring all-reduce takes about `target_s` at the inter-node rate."""
-    rate = spec.inter_node_bps if spec.shaping and spec.inter_node_bps else 10**9
+    rate = spec.link_bps if spec.shaping and spec.inter_node_bps else 10**9  # gloo: link 0
     world = spec.world_size
     factor = 2 * (world - 1) / world if world > 1 else 1.0
     numel = int(rate / 8 * target_s / factor / 4)
@@ -165,10 +167,10 @@ def check(spec: ClusterSpec, seconds: float = 1.0, allreduce: bool = True) -> di
         ar = measure_allreduce(spec)
         report["allreduce"] = ar
         rows.append({"path": f"all-reduce {ar['world_size']} ranks", "metric": "bus bandwidth",
-                     "requested": format_rate(spec.inter_node_bps)
+                     "requested": format_rate(spec.link_bps)  # gloo uses link 0
                      if spec.shaping and spec.inter_node_bps else "unshaped",
                      "measured": format_rate(ar["busbw_bps"]) + (" ok" if ar["correct"]
                                                                  else " WRONG RESULT"),
-                     "requested_value": spec.inter_node_bps if spec.shaping else None,
+                     "requested_value": spec.link_bps if spec.shaping else None,
                      "measured_value": ar["busbw_bps"], "ratio": None})
     return report

@@ -35,7 +35,8 @@ def add_spec_options(parser: argparse.ArgumentParser, default_ranks: int) -> Non
 
 
 def add_resource_options(parser: argparse.ArgumentParser) -> None:
-    """--node-cpus, --node-memory, --best-effort-limits, --link-classes, --class-queue: shared
+    """--node-cpus, --node-memory, --best-effort-limits, --link-classes, --class-queue,
+    --links-per-node, --link-mtu: shared
     with `thinwire compare` and `bench sync` (read back with `resource_kwargs`)."""
     group = parser.add_argument_group("node budgets and priority classes")
     group.add_argument("--node-cpus", type=float, default=None, metavar="CORES",
@@ -50,6 +51,13 @@ def add_resource_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--link-classes", type=int, default=None, metavar="K",
                        help="strict-priority classes on every node link (2..8); a sender picks "
                             "its class with IP_TOS (thinwire.cluster.qos.tos_for_class)")
+    group.add_argument("--links-per-node", type=int, default=1, metavar="K",
+                       help="links from every node to the switch (1..8), each shaped at the "
+                            "node's rate / K; dlcp sprays its datagrams over all of them, "
+                            "other traffic (gloo) uses the first (default 1)")
+    group.add_argument("--link-mtu", type=int, default=1500, metavar="BYTES",
+                       help="MTU of the node links, 1280..9000: 9000 is a jumbo frame, as "
+                            "cloud VPCs offer (default 1500)")
     group.add_argument("--class-queue", type=int, nargs="+", default=None, metavar="PACKETS",
                        help="queue length of each class in packets: one value for all or one "
                             "per class, highest class first (default 1000)")
@@ -60,7 +68,10 @@ def resource_kwargs(args: argparse.Namespace) -> dict:
     queue = args.class_queue
     return {"node_cpus": args.node_cpus, "node_memory": args.node_memory,
             "best_effort_limits": args.best_effort_limits, "link_classes": args.link_classes,
-            "class_queue": (queue[0] if len(queue) == 1 else tuple(queue)) if queue else None}
+            "class_queue": (queue[0] if len(queue) == 1 else tuple(queue)) if queue else None,
+            # only where set: compare counts any given resource as asking for the shaped cluster
+            **({"links_per_node": args.links_per_node} if args.links_per_node != 1 else {}),
+            **({"link_mtu": args.link_mtu} if args.link_mtu != 1500 else {})}
 
 
 def spec_from_args(args: argparse.Namespace) -> ClusterSpec:

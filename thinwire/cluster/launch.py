@@ -82,6 +82,10 @@ def node_env(spec: ClusterSpec, node: int, ifname: str, extra: dict | None) -> d
         env["THINWIRE_LINK_CLASSES"] = str(spec.link_classes)
     if spec.shaping and spec.inter_node_bps:  # a paced sender (dlcp) needs its link's rate
         env["THINWIRE_INTER_NODE_BPS"] = str(spec.inter_node_bps)
+    if spec.links_per_node > 1:  # dlcp sprays its datagrams over the node's links
+        env["THINWIRE_LINKS_PER_NODE"] = str(spec.links_per_node)
+    if spec.link_mtu != 1500:  # dlcp sizes its datagrams to the links' MTU
+        env["THINWIRE_LINK_MTU"] = str(spec.link_mtu)
     env.setdefault("OMP_NUM_THREADS", "1")
     # torchrun --tee prefixes each rank's lines with this (it fills in ${rank}).
     env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = f"[node{node} rank${{rank}}]: "

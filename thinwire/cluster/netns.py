@@ -5,6 +5,12 @@ Layout of run `<id>` (all names under the `thinwire-<id>-` prefix, so concurrent
     thinwire-<id>-sw   the switch: bridge `br0`, ports `p0..p{N-1}` (veths, switch side)
     thinwire-<id>-n<i> node i: `eth0` (veth, node side) = 10.77.0.<i+1>/24, and `lo`
 
+With `links_per_node` K > 1, node i also has `eth1..eth{K-1}`, link k = 10.77.k.<i+1>/24 on
+switch port `p<i>l<k>` of its own bridge `br<k>` (a "rail": link k of every node, one subnet):
+an address is then reachable through one link only (one bridge for all would let a node answer
+ARP for its link-1 address on link 0), and a sender picks the link by the peer address it sends
+to. Every link is shaped at the node's rate / K (`ClusterSpec.link_bps`).
+
 Every veth is created inside the switch namespace with its peer placed straight into the node's
 namespace, so nothing is ever created on (or renamed in) the host's own namespace, and interface
 names only need to be unique inside a namespace (well under the 15-character limit). The subnet
@@ -149,6 +155,12 @@ def tc_commands(dev: str, rate_bps: int | None, delay_s: float | None = None,
     return cmds
 
 
+def rail_address(node_address: str, link: int) -> str:
+    """10.77.0.<n> -> 10.77.<link>.<n>: a node's address on its link ``link``."""
+    first, second, _, last = node_address.split(".")
+    return f"{first}.{second}.{link}.{last}"
+
+
 def hop_drop_fraction(loss_percent: float | None) -> float | None:
     """Per-hop drop probability q such that a two-hop path loses `loss_percent`: 1-(1-q)^2 = p."""
     if not loss_percent:
@@ -218,6 +230,16 @@ class Network:
     def node_addr(self, node: int) -> str:
         return f"{SUBNET}.{node + 1}"
 
+    def link_addr(self, node: int, link: int) -> str:
+        """Address of node's link ``link`` (link 0 is ``node_addr``)."""
+        return rail_address(self.node_addr(node), link)
+
+    @staticmethod
+    def links(node: int, count: int) -> list[tuple[str, str, str]]:
+        """(switch port, node device, bridge) of each of a node's links."""
+        return [(f"p{node}" if k == 0 else f"p{node}l{k}", f"eth{k}", f"br{k}")
+                for k in range(count)]
+
     def exec_prefix(self, node: int) -> list[str]:
         return ["ip", "netns", "exec", self.node_ns(node)]
 
@@ -275,22 +297,25 @@ class Network:
                 f"inter_node_latency={spec.inter_node_latency!r} needs the netem qdisc, which "
                 "this kernel does not provide (CONFIG_NET_SCH_NETEM / module sch_netem); "
                 "leave the latency out, or run on a kernel with netem")
-        sh("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
-        sh("ip", "-n", sw, "link", "set", "br0", "up")
+        for k in range(spec.links_per_node):
+            sh("ip", "-n", sw, "link", "add", f"br{k}", "mtu", str(spec.link_mtu), "type",
+               "bridge")
+            sh("ip", "-n", sw, "link", "set", f"br{k}", "up")
         hop_delay = delay / 2 if delay else None  # one-way latency = node egress + switch egress
         drop = hop_drop_fraction(spec.loss_percent)
+        queues, mtu = spec.class_queue_packets, str(spec.link_mtu)
         for i in range(spec.nodes):
-            ns, port = self.node_ns(i), f"p{i}"
+            ns = self.node_ns(i)
             self._add_ns(ns)
             self._write_hosts(ns)
-            sh("ip", "-n", sw, "link", "add", port, "type", "veth", "peer", "name", "eth0",
-               "netns", ns)
-            sh("ip", "-n", sw, "link", "set", port, "master", "br0", "up")
-            sh("ip", "-n", ns, "addr", "add", f"{self.node_addr(i)}/24", "dev", "eth0")
-            sh("ip", "-n", ns, "link", "set", "eth0", "up")
-            queues = spec.class_queue_packets
-            self._tc(ns, tc_commands("eth0", spec.inter_node_bps, hop_delay, drop, queues))
-            self._tc(sw, tc_commands(port, spec.inter_node_bps, hop_delay, drop, queues))
+            for k, (port, dev, bridge) in enumerate(self.links(i, spec.links_per_node)):
+                sh("ip", "-n", sw, "link", "add", port, "mtu", mtu, "type", "veth", "peer",
+                   "name", dev, "mtu", mtu, "netns", ns)
+                sh("ip", "-n", sw, "link", "set", port, "master", bridge, "up")
+                sh("ip", "-n", ns, "addr", "add", f"{self.link_addr(i, k)}/24", "dev", dev)
+                sh("ip", "-n", ns, "link", "set", dev, "up")
+                self._tc(ns, tc_commands(dev, spec.link_bps, hop_delay, drop, queues))
+                self._tc(sw, tc_commands(port, spec.link_bps, hop_delay, drop, queues))
             self._tc(ns, tc_commands("lo", spec.intra_node_bps))
         self._wait_links_up()
         self._create_cgroups()
@@ -316,22 +341,26 @@ class Network:
             return []
         rows = []
         for i in range(self.spec.nodes):
-            for ns, dev, direction in ((self.node_ns(i), "eth0", "egress"),
-                                       (self.switch_ns, f"p{i}", "ingress")):
-                out = sh("tc", "-n", ns, "-s", "class", "show", "dev", dev, check=False).stdout
-                for row in qos.parse_class_stats(out, classes):
-                    rows.append({"node": i, "direction": direction, **row})
+            for k, (port, dev, _) in enumerate(self.links(i, self.spec.links_per_node)):
+                for ns, name, direction in ((self.node_ns(i), dev, "egress"),
+                                            (self.switch_ns, port, "ingress")):
+                    out = sh("tc", "-n", ns, "-s", "class", "show", "dev", name,
+                             check=False).stdout
+                    for row in qos.parse_class_stats(out, classes):
+                        rows.append({"node": i, "direction": direction, **row}
+                                    | ({"link": k} if self.spec.links_per_node > 1 else {}))
         return rows
 
     def _wait_links_up(self, timeout_s: float = 5.0) -> None:
         """veths come up asynchronously; launch only once every node sees its link as up."""
         deadline = time.monotonic() + timeout_s
         for i in range(self.spec.nodes):
-            while True:
-                out = sh("ip", "-n", self.node_ns(i), "-o", "link", "show", "eth0").stdout
-                if "LOWER_UP" in out or time.monotonic() > deadline:
-                    break
-                time.sleep(0.02)
+            for _, dev, _ in self.links(i, self.spec.links_per_node):
+                while True:
+                    out = sh("ip", "-n", self.node_ns(i), "-o", "link", "show", dev).stdout
+                    if "LOWER_UP" in out or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.02)
 
     def teardown(self) -> None:
         """Delete every namespace of the run (their veths and qdiscs go with them) and the state

@@ -28,6 +28,8 @@ SIZE_UNITS = {"b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2
 MIN_LINK_CLASSES, MAX_LINK_CLASSES = 2, 8  # 3 precedence bits of the TOS byte: at most 8
 MAX_CLASS_QUEUE = 100_000
 DEFAULT_CLASS_QUEUE = 1000
+MIN_LINK_MTU, MAX_LINK_MTU = 1280, 9000  # IPv6's minimum .. the usual jumbo frame
+MAX_LINKS_PER_NODE = 8         # link k of node i is 10.77.k.(i+1): k = 0..7 (10.77.0.0/21)
 
 _NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z%]*)\s*$", re.IGNORECASE)
 
@@ -165,6 +167,12 @@ class ClusterSpec:
         `thinwire.cluster.qos.tos_for_class`; unmarked traffic is in the lowest class.
     class_queue: queue length in packets of each class (one number for all, or one per class,
         highest class first); default 1000.
+    links_per_node: K links from every node to the switch (default 1), each its own rail
+        (link k of every node on bridge k, subnet 10.77.k.0/24); each link is shaped at
+        inter_node_bandwidth / K, so a node's capacity does not change with K, only how it is
+        split. Ordinary traffic (gloo) uses link 0; dlcp sprays its datagrams over all K.
+    link_mtu: MTU of every node link (default 1500, Ethernet's; 9000 is a jumbo frame, as
+        public clouds offer inside a VPC, e.g. 9001 on AWS).
     """
 
     nodes: int
@@ -179,6 +187,8 @@ class ClusterSpec:
     best_effort_limits: bool = False
     link_classes: int | None = None
     class_queue: int | tuple[int, ...] | None = None
+    links_per_node: int = 1
+    link_mtu: int = 1500
 
     def __post_init__(self) -> None:
         if isinstance(self.class_queue, list):  # frozen dataclass: keep it hashable
@@ -206,6 +216,22 @@ class ClusterSpec:
         elif self.class_queue is not None:
             raise ValueError(f"class_queue={self.class_queue!r} needs link_classes")
         _ = self.class_queue_packets
+        _check_count("links_per_node", self.links_per_node, MAX_LINKS_PER_NODE)
+        if self.links_per_node > 1:
+            if not self.shaping:
+                raise ValueError(f"links_per_node={self.links_per_node} needs the shaped cluster "
+                                 f"(shaping=True): the links are veths between namespaces")
+            if self.inter_node_bps and self.inter_node_bps / self.links_per_node < MIN_RATE_BPS:
+                raise ValueError(f"links_per_node={self.links_per_node} splits inter_node_"
+                                 f"bandwidth={self.inter_node_bandwidth!r} into links below "
+                                 f"{format_rate(MIN_RATE_BPS)}; use fewer links or a higher rate")
+        if (isinstance(self.link_mtu, bool) or not isinstance(self.link_mtu, int)
+                or not MIN_LINK_MTU <= self.link_mtu <= MAX_LINK_MTU):
+            raise ValueError(f"link_mtu must be an integer between {MIN_LINK_MTU} and "
+                             f"{MAX_LINK_MTU} bytes, got {self.link_mtu!r}")
+        if self.link_mtu != 1500 and not self.shaping:
+            raise ValueError(f"link_mtu={self.link_mtu} needs the shaped cluster (shaping=True): "
+                             f"the loopback's MTU is not the cluster's to change")
         if (self.node_cpus is not None or self.node_memory is not None) and not self.shaping:
             raise ValueError("node_cpus / node_memory need the shaped cluster (shaping=True, "
                              "root): the node cgroups are created with the namespaces")
@@ -252,6 +278,12 @@ class ClusterSpec:
         return parse_rate(self.inter_node_bandwidth, "inter_node_bandwidth")
 
     @property
+    def link_bps(self) -> int | None:
+        """The shaped rate of each of a node's links: the node's rate split over its links."""
+        bps = self.inter_node_bps
+        return None if bps is None else bps // self.links_per_node
+
+    @property
     def inter_node_latency_s(self) -> float | None:
         if self.inter_node_latency is None:
             return None
@@ -275,6 +307,11 @@ class ClusterSpec:
             return parts[0] + ", loopback, no shaping"
         bps, lat = self.inter_node_bps, self.inter_node_latency_s
         parts.append(f"inter-node {format_rate(bps) if bps else 'unshaped'}")
+        if self.links_per_node > 1:
+            parts.append(f"{self.links_per_node} links per node"
+                         + (f" of {format_rate(self.link_bps)}" if bps else ""))
+        if self.link_mtu != 1500:
+            parts.append(f"MTU {self.link_mtu}")
         if lat:
             parts.append(f"latency {format_latency(lat)}")
         if self.intra_node_bps:

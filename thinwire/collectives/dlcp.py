@@ -8,7 +8,8 @@ wait for the last lost low-class datagram: what every rank holds is applied on e
 replicas stay identical), and what missed its step goes back to the sender's error feedback, so
 nothing is lost over time. Without loss the result equals ``topk_allgather`` bit for bit.
 
-Settings (``SyncState(algorithm_options=...)``; `thinwire train` takes the defaults):
+Settings (``SyncState(algorithm_options=...)``; `thinwire train` and `compare` take
+``--dlcp-epsilon`` and ``--dlcp-high-share``):
 
 * ``epsilon`` (0.02, in [0, 0.1]): share of a payload's low-class datagrams a receiver may give
   up on;
@@ -19,7 +20,12 @@ Settings (``SyncState(algorithm_options=...)``; `thinwire train` takes the defau
 * ``classes``: the link's priority classes (default ``THINWIRE_LINK_CLASSES``, none: no marks);
 * ``deadline_slack`` (2.0): after a sender's POLL (it has sent everything), a receiver waits
   at most this times the wire time of that sender's payload for missing datagrams;
-  ``deadline_s`` sets that wait in seconds instead (default without a rate: 0.05 s).
+  ``deadline_s`` sets that wait in seconds instead (default without a rate: 0.05 s);
+* ``pacing`` ("socket" on the emulated cluster's shaped links, "sleep" elsewhere): who holds
+  the sender to the link rate, the link's qdisc through the socket's send buffer, or the
+  sender's own sleeps;
+* ``datagram_bytes``: the datagram size, default the links' MTU - 28 (1472, or 8972 with
+  ``--link-mtu 9000``); smaller only.
 
 Counters per step in ``state.last_step``: ``dlcp_sent``, ``dlcp_lost``, ``dlcp_retransmitted``
 (datagrams), ``dlcp_entries`` and ``dlcp_missed_entries`` (see :func:`missed_share`).
@@ -37,7 +43,7 @@ from thinwire.collectives.primitives import sum_sparse
 from thinwire.collectives.registry import Algorithm, register
 
 DEFAULTS = {"epsilon": 0.02, "high_share": 0.1, "rate_bps": None, "classes": None,
-            "deadline_slack": 2.0, "deadline_s": None}
+            "deadline_slack": 2.0, "deadline_s": None, "pacing": None, "datagram_bytes": None}
 COUNTERS = {"sent": "dlcp_sent", "lost": "dlcp_lost", "retransmitted": "dlcp_retransmitted",
             "entries": "dlcp_entries", "missed_entries": "dlcp_missed_entries"}
 _TRANSPORTS: dict = {}  # (id(world group), options) -> (group, Transport)
@@ -61,7 +67,10 @@ def options(given: dict) -> dict:
         raise ValueError(f"dlcp algorithm_options['classes'] must be an int in [2, 8] or None, "
                          f"got {classes!r}")
     check_options(merged["epsilon"], merged["high_share"], merged["rate_bps"], 1.0,
-                  merged["deadline_slack"], merged["deadline_s"])
+                  merged["deadline_slack"], merged["deadline_s"], merged["pacing"])
+    if merged["datagram_bytes"] is not None:
+        from thinwire.transport.wire import check_datagram_bytes
+        check_datagram_bytes(merged["datagram_bytes"])
     return merged
 
 

@@ -40,6 +40,8 @@ class TrainConfig:
     density_warmup_steps: int = 0    # sparse algorithms: DGC's exponential density warm-up
     density_warmup_from: float = 0.25  # its first density (falls to --density over N steps)
     powersgd_start_iter: int = 2     # powersgd: dense steps before compression (PyTorch's knob)
+    dlcp_epsilon: float = 0.02       # dlcp: share of low-class datagrams a step may miss
+    dlcp_high_share: float = 0.1     # dlcp: share of datagrams in the high (retransmitted) class
     weight_decay: float = 5e-4
     warmup_steps: int | None = None  # None: 5% of the run
     epochs: int = 1
@@ -139,6 +141,7 @@ class TrainConfig:
                     and self.density <= self.density_warmup_from <= 1):
                 raise ValueError(f"--density-warmup-from must be a number in [--density, 1] = "
                                  f"[{self.density:g}, 1], got {self.density_warmup_from!r}")
+        grad_sync.check_dlcp(self.dlcp_epsilon, self.dlcp_high_share)
         # PyTorch's powerSGD_hook needs start_powerSGD_iter > 1 with error feedback
         _integer("--powersgd-start-iter", self.powersgd_start_iter, 2)
         if self.dense_warmup_steps and not grad_sync.is_sparse(self.algorithm):
@@ -235,6 +238,12 @@ def add_arguments(parser: argparse.ArgumentParser, exclude: tuple = ()) -> None:
       help="the density warm-up's first density, in [--density, 1]")
     a("--powersgd-start-iter", type=int, default=d.powersgd_start_iter,
       help="powersgd: steps all-reduced densely before compression starts (>= 2)")
+    a("--dlcp-epsilon", type=float, default=d.dlcp_epsilon,
+      help="dlcp: share of a payload's low-class datagrams a receiver may give up on, in "
+           "[0, 0.1]; what misses its step goes back to error feedback")
+    a("--dlcp-high-share", type=float, default=d.dlcp_high_share,
+      help="dlcp: share of each payload's datagrams (its largest entries) in the high class, "
+           "the only ones retransmitted, in [0, 1]")
     a("--momentum-correction", action="store_true",
       help="sparse algorithms: DGC momentum correction (the momentum is applied before top-k, "
            "in the hook, and the optimizer runs without it)")

@@ -14,6 +14,7 @@ Each returns a :class:`Sync`: what the checkpoint stores (the residuals) and the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,17 @@ def check_selector(name: str) -> str:
     if name not in SELECTORS:
         raise ValueError(f"--selector must be one of {', '.join(SELECTORS)}, got {name!r}")
     return name
+
+
+def check_dlcp(epsilon, high_share) -> None:
+    """--dlcp-epsilon and --dlcp-high-share, with the option names in the message."""
+    from thinwire.transport.endpoint import MAX_EPSILON
+
+    for flag, value, high in (("--dlcp-epsilon", epsilon, MAX_EPSILON),
+                              ("--dlcp-high-share", high_share, 1.0)):
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value) or not 0.0 <= value <= high):
+            raise ValueError(f"{flag} must be a number in [0, {high:g}], got {value!r}")
 
 
 def check_powersgd_rank(rank: int) -> int:
@@ -112,7 +124,8 @@ def register(model: DistributedDataParallel, algorithm: str, density: float = 0.
              dense_warmup_steps: int = 0, weight_decay_in_hook: float = 0.0,
              wire: str | None = None, density_warmup_steps: int = 0,
              density_warmup_from: float = 0.25,
-             powersgd_start_iter: int = POWERSGD_START_ITER, sparse_wire: str = "fp32") -> Sync:
+             powersgd_start_iter: int = POWERSGD_START_ITER, sparse_wire: str = "fp32",
+             algorithm_options: dict | None = None) -> Sync:
     """Register ``algorithm`` on ``model`` (collective: every rank calls it)."""
     check_algorithm(algorithm)
     if is_thinwire(algorithm):  # settings were checked where they entered (TrainConfig)
@@ -124,7 +137,8 @@ def register(model: DistributedDataParallel, algorithm: str, density: float = 0.
                                       weight_decay=weight_decay_in_hook, wire=wire,
                                       density_warmup_steps=density_warmup_steps,
                                       density_warmup_from=density_warmup_from,
-                                      sparse_wire=sparse_wire)
+                                      sparse_wire=sparse_wire,
+                                      algorithm_options=algorithm_options)
         return Sync(algorithm, state)
     if algorithm == "ddp":
         return Sync(algorithm)

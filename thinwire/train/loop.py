@@ -202,7 +202,15 @@ def register_sync(cfg: TrainConfig, model: DistributedDataParallel, ranks_per_no
                               wire=cfg.wire, sparse_wire=cfg.sparse_wire,
                               density_warmup_steps=cfg.density_warmup_steps,
                               density_warmup_from=cfg.density_warmup_from,
-                              powersgd_start_iter=cfg.powersgd_start_iter)
+                              powersgd_start_iter=cfg.powersgd_start_iter,
+                              algorithm_options=sync_options(cfg))
+
+
+def sync_options(cfg: TrainConfig) -> dict | None:
+    """The chosen algorithm's own options from the run's configuration (dlcp's)."""
+    if cfg.algorithm == "dlcp":
+        return {"epsilon": cfg.dlcp_epsilon, "high_share": cfg.dlcp_high_share}
+    return None
 
 
 def _train(cfg: TrainConfig, device: torch.device) -> dict:

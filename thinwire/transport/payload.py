@@ -44,21 +44,24 @@ class Layout:
         return offset, min(self.per_datagram, self.entries - offset)
 
 
-def entries_per_datagram(dtype: torch.dtype, sparse: bool) -> int:
+def entries_per_datagram(dtype: torch.dtype, sparse: bool,
+                         datagram_bytes: int = wire.MAX_DATAGRAM_BYTES) -> int:
     entry = torch.empty(0, dtype=dtype).element_size() + (INDEX_BYTES if sparse else 0)
-    return (wire.MAX_DATAGRAM_BYTES - wire.HEADER_BYTES) // entry
+    return (datagram_bytes - wire.HEADER_BYTES) // entry
 
 
-def make_layout(entries: int, dtype: torch.dtype, sparse: bool, high_share: float) -> Layout:
-    per = entries_per_datagram(dtype, sparse)
+def make_layout(entries: int, dtype: torch.dtype, sparse: bool, high_share: float,
+                datagram_bytes: int = wire.MAX_DATAGRAM_BYTES) -> Layout:
+    per = entries_per_datagram(dtype, sparse, datagram_bytes)
     total = math.ceil(entries / per)
     entry = torch.empty(0, dtype=dtype).element_size() + (INDEX_BYTES if sparse else 0)
     return Layout(entries, sparse, dtype, per, total, math.ceil(high_share * total), entry)
 
 
-def max_entries(dtype: torch.dtype, sparse: bool) -> int:
+def max_entries(dtype: torch.dtype, sparse: bool,
+                datagram_bytes: int = wire.MAX_DATAGRAM_BYTES) -> int:
     """The most entries one payload may have (its bitmap must fit in one datagram)."""
-    return wire.MAX_DATAGRAMS * entries_per_datagram(dtype, sparse)
+    return wire.MAX_DATAGRAMS * entries_per_datagram(dtype, sparse, datagram_bytes)
 
 
 @dataclass
@@ -74,10 +77,11 @@ def _raw(tensor: torch.Tensor) -> bytes:
     return tensor.contiguous().view(torch.uint8).numpy().tobytes()
 
 
-def cut(values: torch.Tensor, indices: torch.Tensor | None, high_share: float) -> Cut:
+def cut(values: torch.Tensor, indices: torch.Tensor | None, high_share: float,
+        datagram_bytes: int = wire.MAX_DATAGRAM_BYTES) -> Cut:
     values = values.detach().reshape(-1).cpu()
     sparse = indices is not None
-    layout = make_layout(values.numel(), values.dtype, sparse, high_share)
+    layout = make_layout(values.numel(), values.dtype, sparse, high_share, datagram_bytes)
     per, order = layout.per_datagram, None
     if sparse:
         # the high entries first (largest magnitude, found by topk, cheaper than a full sort

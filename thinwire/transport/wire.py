@@ -13,8 +13,9 @@ Every datagram describes itself, so a receiver never needs a previous one to pla
 * COMMIT: body = bitmap of the ``seq``s every receiver holds: the ones all ranks apply.
 * COMMIT_ACK: the receiver holds the commit.
 
-Datagrams stay below the 1500-byte Ethernet MTU (IPv4 + UDP headers: 28 bytes), so the network
-never fragments them: one lost fragment would lose the whole datagram.
+Datagrams stay below the links' MTU (1500 bytes by default, 9000 with jumbo frames; IPv4 + UDP
+headers: 28 bytes), so the network never fragments them: one lost fragment would lose the whole
+datagram.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ HIGH, FINAL, SPARSE = 1, 2, 4
 _HEAD = struct.Struct("!2sBBIIIHHIIIIHH")  # everything before the checksum
 _CRC = struct.Struct("!I")
 HEADER_BYTES = _HEAD.size + _CRC.size
-MAX_DATAGRAM_BYTES = 1500 - 28           # one Ethernet frame's IPv4 UDP payload
+MAX_DATAGRAM_BYTES = 1500 - 28           # one Ethernet frame's IPv4 UDP payload (the default)
+JUMBO_DATAGRAM_BYTES = 9000 - 28         # a jumbo frame's (links with MTU 9000)
+MIN_DATAGRAM_BYTES = 512
 WIRE_OVERHEAD_BYTES = 28 + 14            # IPv4 + UDP + Ethernet headers per datagram on the wire
 MAX_DATAGRAMS = 8 * 1024                 # a payload's bitmap (1 KiB) fits in one datagram
 VALUE_DTYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3}
@@ -72,9 +75,18 @@ def encode(header: Header, body: bytes = b"") -> bytes:
                       header.step & 0xFFFFFFFF, header.bucket, header.sender, header.seq,
                       header.total, header.n_high, header.offset, header.count, header.flags)
     datagram = head + _CRC.pack(zlib.crc32(body, zlib.crc32(head))) + body
-    if len(datagram) > MAX_DATAGRAM_BYTES:
-        raise ValueError(f"datagram of {len(datagram)} bytes exceeds {MAX_DATAGRAM_BYTES}")
+    if len(datagram) > JUMBO_DATAGRAM_BYTES:
+        raise ValueError(f"datagram of {len(datagram)} bytes exceeds {JUMBO_DATAGRAM_BYTES}")
     return datagram
+
+
+def check_datagram_bytes(value) -> int:
+    """The largest datagram a transport sends: from a link MTU of 1280..9000 less 28 bytes."""
+    if (isinstance(value, bool) or not isinstance(value, int)
+            or not MIN_DATAGRAM_BYTES <= value <= JUMBO_DATAGRAM_BYTES):
+        raise ValueError(f"datagram_bytes must be an integer in [{MIN_DATAGRAM_BYTES}, "
+                         f"{JUMBO_DATAGRAM_BYTES}] (the links' MTU - 28), got {value!r}")
+    return value
 
 
 def decode(datagram: bytes) -> tuple[Header, bytes]:
