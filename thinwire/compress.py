@@ -47,13 +47,17 @@ class TopK:
         return topk.k_unchecked(numel, self.density)  # density was checked in __post_init__
 
     def select(self, flat: torch.Tensor, key=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top-k of ``flat``. With a ``key`` (the bucket) and the mstopk selector, the k-th
-        magnitude of the key's last selection, lowered by a factor, is tried first as the
+        """Top-k of ``flat``. With a ``key`` (the bucket) and the "mstopk-carry" selector, the
+        k-th magnitude of the key's last selection, lowered by a factor, is tried first as the
         threshold (:func:`thinwire.topk.top_k_above`: one pass, the exact top-k); the search
         runs only where that threshold keeps fewer than k or too many entries. The factor
-        adapts so that about 1.2-1.6 k entries pass."""
+        adapts so that about 1.2-1.6 k entries pass.
+
+        Not the default: it cut the selection on compare's MNIST workload (44 -> 17-19 ms a
+        step) but made the LM workload's hitopk step slower (301 against 245 ms a step, same
+        bytes; docs/benchmarks.md), so it is chosen per workload where it measured better."""
         numel, k = flat.numel(), self.k(flat.numel())
-        if key is None or self.selector != "mstopk" or k == numel:
+        if key is None or self.selector != "mstopk-carry" or k == numel:
             return topk.select(flat, k, self.selector, **self.options)
         hint = self.hints.get(key)
         factor = 0.9 if hint is None or hint[0] != numel else hint[2]

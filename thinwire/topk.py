@@ -32,7 +32,9 @@ from typing import Callable
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-METHODS = ("mstopk", "exact", "sampled")
+# "mstopk-carry": mstopk, except that the sparse algorithms first try the threshold carried from
+# the bucket's previous selection (compress.TopK.select; a plain call searches as mstopk does)
+METHODS = ("mstopk", "mstopk-carry", "exact", "sampled")
 
 # Entries per block when the CPU streams over a large tensor: small enough that temporaries stay
 # in cache and come from the allocator's reused heap instead of fresh (page-faulting) mappings.
@@ -357,13 +359,14 @@ def top_k_above(x: torch.Tensor, k: int, threshold: float, most: float = 4.0):
 # --------------------------------------------------------------------------- front door
 
 _SELECTORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
-    "mstopk": mstopk, "exact": exact, "sampled": sampled,
+    "mstopk": mstopk, "mstopk-carry": mstopk, "exact": exact, "sampled": sampled,
 }
 
 
 def select(x: torch.Tensor, k: int, method: str = "mstopk",
            **options) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k by magnitude with the named method ("mstopk", "exact" or "sampled")."""
+    """Top-k by magnitude with the named method (one of METHODS; "mstopk-carry" searches as
+    "mstopk": the carried threshold lives in compress.TopK, per bucket)."""
     if method not in _SELECTORS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     return _SELECTORS[method](x, k, **options)

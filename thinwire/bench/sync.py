@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from thinwire.bench.report import format_table, run_cluster_worker, save_if_asked
-from thinwire import collectives
+from thinwire import collectives, topk
 from thinwire.cluster.cli import add_resource_options, resource_kwargs
 
 COLUMNS = ("algorithm", "median_s", "vs_allreduce", "vs_topk_allgather", "inter_mb", "intra_mb",
@@ -80,7 +80,7 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--density", type=float, default=0.01,
                         help="sparse algorithms: share of entries sent")
     parser.add_argument("--selector", default="mstopk",
-                        help="top-k selection method: mstopk, exact, sampled")
+                        help=f"top-k selection method: {', '.join(topk.METHODS)}")
     parser.add_argument("--algorithms", nargs="+", choices=list(collectives.names()),
                         default=list(collectives.names()), help="algorithms to time")
     parser.add_argument("--repeats", type=int, default=5,
