@@ -150,3 +150,20 @@ class Reference:
             else:
                 total += r
         return total
+
+
+def held_back_by_ranks(results, bucket: int, length: int, algorithm: str,
+                       buckets: int) -> torch.Tensor:
+    """The residuals every rank holds for bucket ``bucket`` (of ``length`` entries), summed
+    over the ranks: hitopk's residual is a rank's shard of its node's sum, the other sparse
+    algorithms' a rank's whole bucket. (DDP numbers the ``buckets`` in reverse order.)"""
+    held = torch.zeros(length, dtype=torch.float64)
+    for result in results:
+        residual = result["feedback"]["residuals"][buckets - 1 - bucket]
+        if algorithm == "hitopk":
+            start = result["topology"][2] * residual.numel()
+            piece = residual[:max(0, length - start)]
+            held[start:start + piece.numel()] += piece
+        else:
+            held += residual
+    return held

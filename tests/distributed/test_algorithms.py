@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from harness import run_ranks
-from reference import Reference, gradient
+from reference import Reference, gradient, held_back_by_ranks
 import workers
 
 LENGTHS = [1001, 3000]  # one bucket each; 1001 does not divide evenly into shards
@@ -320,13 +320,5 @@ def test_density_warmup_matches_the_reference_step_by_step(algorithm):
                   for r in range(4) for s in range(STEPS + 1))
         applied = sum(results[0]["grads"][s][i] for s in range(STEPS + 1)) * 4
         torch.testing.assert_close(applied + refs[i].held_back(length), raw, rtol=0, atol=1e-10)
-        held = torch.zeros(length, dtype=torch.float64)
-        for result in results:
-            residual = result["feedback"]["residuals"][len(LENGTHS) - 1 - i]
-            if algorithm == "hitopk":
-                start = result["topology"][2] * residual.numel()
-                piece = residual[:max(0, length - start)]
-                held[start:start + piece.numel()] += piece
-            else:
-                held += residual
+        held = held_back_by_ranks(results, i, length, algorithm, len(LENGTHS))
         torch.testing.assert_close(held, refs[i].held_back(length), rtol=0, atol=1e-12)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from harness import run_ranks
-from reference import Reference, gradient
+from reference import Reference, gradient, held_back_by_ranks
 import workers
 
 LENGTHS = [1001, 3000]
@@ -49,15 +49,7 @@ def test_every_rank_holds_the_reference_of_the_rounded_values(runs, algorithm, w
         raw = sum(gradient(r, s, sum(LENGTHS)).split(LENGTHS)[i]
                   for r in range(4) for s in range(STEPS))
         applied = sum(results[0]["grads"][s][i] for s in range(STEPS)) * 4
-        held = torch.zeros(length, dtype=torch.float64)
-        for result in results:
-            residual = result["feedback"]["residuals"][len(LENGTHS) - 1 - i]
-            if algorithm == "hitopk":  # this rank's shard of its node's sum
-                start = result["topology"][2] * residual.numel()
-                piece = residual[:max(0, length - start)]
-                held[start:start + piece.numel()] += piece
-            else:
-                held += residual
+        held = held_back_by_ranks(results, i, length, algorithm, len(LENGTHS))
         torch.testing.assert_close(held, refs[i].held_back(length), rtol=0, atol=1e-12)
         torch.testing.assert_close(applied + held, raw, rtol=0, atol=1e-10)
 
