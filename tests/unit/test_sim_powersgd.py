@@ -13,8 +13,12 @@ from thinwire.sim.network import Link, Network
 
 # PyTorch's hook on a world of one (DDP calls hooks there too): what it counts as sent per
 # compressed step (total_numel_after_compression) and the P/Q memory per bucket index.
+# Each DDP model is dropped and collected before the next one and before the process group goes
+# (a DDP with a Python hook freed later, by the cycle collector or at the interpreter's exit,
+# can hang or abort the process: see thinwire/ddp.py's exit handler); it hung this test in 2
+# of 4 pytest runs before (then 4 of 4 passed).
 REFERENCE = r"""
-import json, sys, tempfile, torch, torch.distributed as dist
+import gc, json, sys, tempfile, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from thinwire.train import models
@@ -34,7 +38,9 @@ for name, rank in ((a, int(b)) for a, b in (arg.split(":") for arg in sys.argv[1
       sent.append(state.total_numel_after_compression - before)
   print(json.dumps({"sent": sent, "p": [state.p_memory_dict[i].numel() for i in sorted(state.p_memory_dict)],
                     "q": [state.q_memory_dict[i].numel() for i in sorted(state.q_memory_dict)],
-                    "shapes": [list(p.shape) for p in model.parameters()]}))
+                    "shapes": [list(p.shape) for p in model.parameters()]}), flush=True)
+  del ddp, state, model
+  gc.collect()
 dist.destroy_process_group()
 """
 
