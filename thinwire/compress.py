@@ -185,9 +185,12 @@ def pack(values: torch.Tensor, indices: torch.Tensor, numel: int) -> torch.Tenso
     buffer = torch.zeros(index_bytes + value_bytes, dtype=torch.uint8, device=values.device)
     if k == 0:
         return buffer
-    indices, order = torch.sort(indices.reshape(-1).to(torch.int64))
+    indices, values = indices.reshape(-1).to(torch.int64), values.reshape(-1)
+    if k > 1 and not bool((indices[1:] > indices[:-1]).all()):  # selectors may give any order
+        indices, order = torch.sort(indices)
+        values = values[order]
     _encode_indices(buffer[:index_bytes], indices, numel)
-    raw_value = values.reshape(-1)[order].contiguous().view(torch.uint8)
+    raw_value = values.contiguous().view(torch.uint8)
     buffer[index_bytes:index_bytes + raw_value.numel()] = raw_value
     return buffer
 

@@ -82,13 +82,15 @@ class ErrorFeedback:
         is applied plus the residual is exactly the corrected input."""
         if not self.enabled:
             return
+        # index_fill_/index_add_ rather than x[sent] -= v: one pass over the sent entries, not
+        # a gather, a subtraction and a scatter (the indices are unique: same result)
         if sent_values is None or sent_values.dtype == corrected.dtype:
-            corrected[sent] = 0
+            corrected.index_fill_(0, sent, 0)
         else:
-            corrected[sent] -= sent_values.to(corrected.dtype)
+            corrected.index_add_(0, sent, sent_values.to(corrected.dtype), alpha=-1)
         self.residuals[bucket_index] = corrected
         if self.momentum:
-            self.velocities[bucket_index][sent] = 0
+            self.velocities[bucket_index].index_fill_(0, sent, 0)
         self.layouts[bucket_index] = self.layout
 
     def convert_velocity(self, bucket_index: int, like: torch.Tensor, convert) -> None:

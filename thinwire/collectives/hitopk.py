@@ -63,8 +63,9 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
         with state.timer("intra", members=n):
             dist.all_gather_single(node, received, group=topo.intra)
         state.record(traffic.Traffic(intra=(n - 1) * received.numel()))
-        out = torch.cat([sum_blocks(blocks, m, k, value_dtype, s, flat.dtype)
-                         for blocks in node.chunk(n)])
+        out = torch.zeros(n * s, dtype=flat.dtype, device=flat.device)
+        for j, blocks in enumerate(node.chunk(n)):  # member j's shard of the node's sum
+            sum_blocks(blocks, m, k, value_dtype, s, flat.dtype, out[j * s:(j + 1) * s])
         out.div_(topo.world_size)
         return out[:flat.numel()].to(flat.dtype)
     dense = sum_blocks(received, m, k, value_dtype, s, flat.dtype).div_(topo.world_size)

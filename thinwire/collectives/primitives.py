@@ -51,10 +51,15 @@ def dense_allreduce(state, flat: torch.Tensor) -> torch.Tensor:
     return payload.to(flat.dtype)
 
 
-def sum_sparse(parts, numel: int, dtype, device) -> torch.Tensor:
+def sum_sparse(parts, numel: int, dtype, device, out: torch.Tensor | None = None
+               ) -> torch.Tensor:
     """Dense sum of (values, indices) pairs; index_add, never scatter: the same index chosen by
-    two ranks must add up."""
-    dense = torch.zeros(numel, dtype=dtype, device=device)
+    two ranks must add up. ``out``: a zeroed tensor of ``numel`` entries to sum into (a slice
+    of a larger result saves allocating and concatenating the parts)."""
+    if out is not None and (out.numel() != numel or out.dtype != dtype):
+        raise ValueError(f"out must hold {numel} entries of {dtype}, got {out.numel()} of "
+                         f"{out.dtype}")
+    dense = torch.zeros(numel, dtype=dtype, device=device) if out is None else out
     parts = list(parts)
     if parts:  # values that travelled narrower than the sum's dtype widen exactly here
         dense.index_add_(0, torch.cat([i for _, i in parts]),
@@ -89,11 +94,11 @@ def select_and_allgather(state, bucket_index: int, corrected: torch.Tensor, grou
 
 
 def sum_blocks(gathered: torch.Tensor, members: int, k: int, dtype, numel: int,
-               out_dtype=None) -> torch.Tensor:
+               out_dtype=None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Dense sum, in ``out_dtype`` (default: the values' ``dtype``), of ``members`` packed
-    (values, indices) blocks of k entries each."""
+    (values, indices) blocks of k entries each (into ``out``, zeroed, where given)."""
     parts = [unpack(chunk, k, dtype, numel) for chunk in gathered.chunk(members)]
-    return sum_sparse(parts, numel, out_dtype or dtype, gathered.device)
+    return sum_sparse(parts, numel, out_dtype or dtype, gathered.device, out)
 
 
 def sparse_allgather(state, bucket_index: int, corrected: torch.Tensor, group, group_size: int,
