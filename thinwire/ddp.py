@@ -149,10 +149,13 @@ class _Layout:
         return torch.cat([buffer[self.starts[i]:self.starts[i] + self.sizes[i]]
                           for i in self.order])
 
-    def from_canonical(self, canonical: torch.Tensor) -> torch.Tensor:
+    def from_canonical(self, canonical: torch.Tensor, out: torch.Tensor | None = None
+                       ) -> torch.Tensor:
+        """``canonical`` back in DDP's order, written into ``out`` where given (the bucket's
+        own buffer, free once to_canonical has copied it: no new bucket-sized tensor)."""
         if not self.needed:
             return canonical
-        out = torch.empty_like(canonical)
+        out = torch.empty_like(canonical) if out is None else out
         offset = 0
         for i in self.order:
             out[self.starts[i]:self.starts[i] + self.sizes[i]] = \
@@ -166,7 +169,7 @@ def _reduce_bucket(state: SyncState, index: int, buffer: torch.Tensor, layout: _
     state.add_weight_decay(buffer, layout.params)  # in DDP's order, before any reordering
     if state.feedback.enabled:  # residuals and velocities live in canonical order
         result = layout.from_canonical(
-            state.reduce(index, layout.to_canonical(buffer), layout.signature))
+            state.reduce(index, layout.to_canonical(buffer), layout.signature), out=buffer)
     else:
         result = state.reduce(index, buffer, layout.signature)
     if is_last:

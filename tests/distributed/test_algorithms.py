@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from harness import run_ranks
+from thinwire import collectives
 from reference import Reference, gradient, held_back_by_ranks
 import workers
 
@@ -190,6 +191,16 @@ def test_topk_at_density_one_equals_dense(dense_runs, algorithm):
         for step in range(2):
             for a, b in zip(got["grads"][step], want["grads"][step]):
                 torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_reduce_leaves_the_tensor_it_was_given_as_it_was():
+    """At a low density and at density 1 (hitopk's dense way back inside the node), on even
+    and odd lengths (with and without padding to the node's shards)."""
+    algorithms = collectives.names()
+    for result in run_ranks(workers.reduce_keeps_input, 4, 2, algorithms, [0.05, 1.0],
+                            [1000, 1001]):
+        changed = [key for key, kept in result.items() if not all(kept)]
+        assert not changed, f"state.reduce wrote into its input for {changed}"
 
 
 def test_hooks_give_ddps_own_gradients():

@@ -223,3 +223,22 @@ def sync_settings_many(rank, world, ranks_per_node, configs, lengths, steps):
     return {name: sync_with_settings(rank, world, ranks_per_node, algorithm, lengths, steps,
                                      settings)
             for name, algorithm, settings in configs}
+
+
+def reduce_keeps_input(rank, world, ranks_per_node, algorithms, densities, lengths):
+    """For each algorithm and density: whether ``state.reduce`` left the tensor it was given
+    as it was (callers reuse it: benchmarks, DiLoCo's outer exchange, synchronize's copy)."""
+    topo = Topology.build(ranks_per_node)
+    out = {}
+    for algorithm in algorithms:
+        for density in densities:
+            state = SyncState(topo, algorithm, density, selector="exact", dense_below_bytes=0)
+            kept = []
+            for index, n in enumerate(lengths):
+                flat = gradient(rank, index, n).to(torch.float32)
+                before = flat.clone()
+                state.reduce(index, flat)
+                kept.append(torch.equal(flat, before))
+            state.end_step()
+            out[(algorithm, density)] = kept
+    return out

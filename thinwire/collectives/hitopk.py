@@ -41,7 +41,9 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
         return state.feedback.dense_momentum(bucket_index, dense_allreduce(state, flat))
     topo = state.topology
     n, m = topo.ranks_per_node, topo.nodes
-    full = padded(to_wire(flat, state.wire_dtype), n)
+    full = to_wire(flat, state.wire_dtype)
+    if full.numel() % n:  # else no copy: full is only read (the caller's flat stays intact)
+        full = padded(full, n)
     wire_size = full.element_size()
     s = full.numel() // n
     shard = torch.empty(s, dtype=full.dtype, device=full.device)
@@ -69,10 +71,11 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
         out.div_(topo.world_size)
         return out[:flat.numel()].to(flat.dtype)
     dense = sum_blocks(received, m, k, value_dtype, s, flat.dtype).div_(topo.world_size)
+    gathered = torch.empty_like(full)
     with state.timer("intra", members=n):
-        dist.all_gather_single(full, to_wire(dense, state.wire_dtype), group=topo.intra)
+        dist.all_gather_single(gathered, to_wire(dense, state.wire_dtype), group=topo.intra)
     state.record(traffic.intra_allgather(topo, full.numel(), wire_size))
-    return full[:flat.numel()].to(flat.dtype)
+    return gathered[:flat.numel()].to(flat.dtype)
 
 
 def cost(cfg, cluster, net, elements: int, rates) -> costs.BucketCost:
