@@ -346,10 +346,11 @@ def sampled(x: torch.Tensor, k: int, sample_fraction: float = 0.005,
 
 
 def top_k_above(x: torch.Tensor, k: int, threshold: float, most: float = 4.0):
-    """The exact top-k of ``x`` found among the entries with ``|x| >= threshold`` (one screened
-    pass and a top-k over those), or None where that set holds fewer than k entries (it then
-    cannot hold the top-k) or more than ``most * k`` (the top-k over it would cost more than a
-    search). Returns (values, indices, how many entries passed the threshold).
+    """The exact top-k of ``x`` found among the entries with ``|x| >= threshold`` (one pass and
+    a top-k over those). Returns ``(values, indices, passed)``, ``passed`` the number of
+    entries at or above the threshold; values and indices are None where that set holds fewer
+    than k entries (it then cannot hold the top-k) or more than ``most * k`` (the top-k over it
+    would cost more than a search): ``passed`` then says which way the threshold missed.
 
     A threshold carried over from the previous step of the same bucket (error feedback keeps
     the magnitudes' distribution steady from step to step) makes this one pass, where MSTopK
@@ -361,7 +362,7 @@ def top_k_above(x: torch.Tensor, k: int, threshold: float, most: float = 4.0):
     members, magnitudes = _entries_at_least(flat, torch.tensor(threshold, dtype=work), k)
     count = members.numel()
     if count < k or count > most * k:
-        return None
+        return None, None, count
     indices = _ascending_subset(members, torch.topk(magnitudes, k, sorted=False).indices)
     return flat[indices], indices, count
 

@@ -31,12 +31,12 @@ def test_hinted_selection_is_the_exact_top_k_step_after_step():
 def test_a_threshold_that_keeps_too_few_or_too_many_falls_back_to_the_search():
     x = torch.randn(10_000, generator=torch.Generator().manual_seed(4))
     k = 500
-    assert topk.top_k_above(x, k, 100.0) is None  # nothing passes
-    assert topk.top_k_above(x, k, 0.0) is None  # everything passes: 20 k
+    assert topk.top_k_above(x, k, 100.0) == (None, None, 0)  # nothing passes
+    assert topk.top_k_above(x, k, 0.0) == (None, None, 10_000)  # everything: 20 k
     values, indices, passed = topk.top_k_above(x, k, 1.5)
     assert k <= passed <= 4 * k and set(indices.tolist()) == _exact_set(x, k)
     selector = compress.TopK(0.05, selector="mstopk-carry")
-    selector.hints[0] = (x.numel(), 100.0, 0.9)  # a stale hint: no entry passes
+    selector.hints[0] = (x.numel(), 100.0, 0.9)  # a stale hint: no entry passes, nor at 0.7x
     values, indices = selector.select(x, key=0)
     assert set(indices.tolist()) == _exact_set(x, k)
     assert selector.hints[0][2] < 0.9  # the margin widened after the miss
@@ -66,3 +66,23 @@ def test_only_the_carry_selector_carries_a_threshold():
     carry.select(x, key=0)
     assert 0 in carry.hints
     assert set(topk.select(x, 100, "mstopk-carry")[1].tolist()) == _exact_set(x, 100)
+
+
+def test_a_carried_threshold_a_little_off_is_corrected_by_one_retry_not_a_search(monkeypatch):
+    x = torch.randn(20_000, generator=torch.Generator().manual_seed(6))
+    k = 1000
+    kth = float(torch.topk(x.abs(), k).values.min())
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("searched although a retry would do")
+
+    for stale, direction in ((1.2 * kth, "too few passed"), (0.55 * kth, "too many passed")):
+        selector = compress.TopK(0.05, selector="mstopk-carry")
+        selector.hints[0] = (x.numel(), stale, 0.9)
+        monkeypatch.setattr(topk, "select", no_search)
+        values, indices = selector.select(x, key=0)
+        monkeypatch.undo()
+        assert set(indices.tolist()) == _exact_set(x, k), direction
+        assert torch.equal(values, x[indices])
+        # the margin moves the way of the retry: lower after too few, higher after too many
+        assert (selector.hints[0][2] < 0.9) == (stale > kth), direction
