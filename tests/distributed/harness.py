@@ -1,13 +1,17 @@
 """Run a function on W gloo ranks in fresh processes and collect what each returns.
 
 Rendezvous through a FileStore in a temporary directory (no ports), one process per rank, and a
-hard timeout so that a collective mismatch fails the test instead of hanging it.
+hard timeout so that a collective mismatch fails the test instead of hanging it; on the timeout
+every rank writes the stack of each of its threads to stderr (faulthandler, on SIGABRT), which
+pytest shows with the failure.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import pickle
+import signal
 import tempfile
 import traceback
 
@@ -16,10 +20,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 TIMEOUT_S = 240
+DUMP_GRACE_S = 5.0
 
 
 def _entry(rank: int, world_size: int, store_dir: str, fn, args, kwargs):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    faulthandler.enable(all_threads=True)  # SIGABRT from run_ranks' timeout: every stack
     torch.set_num_threads(1)
     store = dist.FileStore(os.path.join(store_dir, "store"), world_size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
@@ -53,9 +59,13 @@ def run_ranks(fn, world_size: int, *args, **kwargs) -> list:
         deadline = time.monotonic() + TIMEOUT_S
         while not context.join(timeout=1):
             if time.monotonic() > deadline:
-                for process in context.processes:
+                for process in context.processes:  # one at a time: dumps do not interleave
+                    if process.is_alive():
+                        os.kill(process.pid, signal.SIGABRT)
+                        process.join(DUMP_GRACE_S)
                     process.kill()
-                raise RuntimeError(f"ranks did not finish within {TIMEOUT_S} s")
+                raise RuntimeError(f"ranks did not finish within {TIMEOUT_S} s (their stacks "
+                                   "are in the captured stderr)")
         results = []
         for rank in range(world_size):
             with open(os.path.join(store_dir, f"rank{rank}.pkl"), "rb") as handle:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
+import procs
 import pytest
 import torch
 import torch.distributed as dist
@@ -47,10 +47,10 @@ def test_nan_on_one_rank_is_skipped_by_every_rank_together():
 
 def _run_torchrun(mode: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=HERE)
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--master-port", "0", "--standalone",
-                           os.path.join(HERE, "failure_workers.py"), mode],
-                          capture_output=True, text=True, timeout=240, env=env)
+    return procs.run_python(["-m", "torch.distributed.run", "--nproc-per-node", "2",
+                             "--master-port", "0", "--standalone",
+                             os.path.join(HERE, "failure_workers.py"), mode],
+                            timeout_s=240, env=env)
 
 
 @pytest.mark.parametrize("mode", ["raise", "die"])

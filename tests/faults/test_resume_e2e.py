@@ -5,9 +5,8 @@ traceback, no hang); a world of one through the `thinwire` command."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 
+import procs
 import pytest
 
 import ckpt_helpers as H
@@ -62,17 +61,15 @@ def test_thinwire_train_resume_command(two_ranks, tmp_path, damage):
     else:
         path = rank_file(run, 0)
         path.write_bytes(path.read_bytes()[:777])
-    done = subprocess.run([sys.executable, "-m", "thinwire.cli", "train", *H.CLI_ARGS,
-                           "--checkpoint", str(run), "--resume", str(run)],
-                          capture_output=True, text=True, timeout=180)
+    done = procs.run_python(["-m", "thinwire.cli", "train", *H.CLI_ARGS,
+                             "--checkpoint", str(run), "--resume", str(run)], timeout_s=180)
     assert done.returncode == 0, done.stderr
     assert f"not resuming from {rank_file(run, 0)}" in done.stderr
     assert "fell back to the previous checkpoint (step 2)" in done.stderr
     assert checkpoint.read(rank_file(run, 0), 0)["step"] == 6
     previous_file(run, 0).write_bytes(b"")
     rank_file(run, 0).write_bytes(b"junk")
-    done = subprocess.run([sys.executable, "-m", "thinwire.cli", "train", *H.CLI_ARGS,
-                           "--checkpoint", str(run), "--resume", str(run)],
-                          capture_output=True, text=True, timeout=180)
+    done = procs.run_python(["-m", "thinwire.cli", "train", *H.CLI_ARGS,
+                             "--checkpoint", str(run), "--resume", str(run)], timeout_s=180)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "thinwire: error: --resume" in done.stderr and "empty file" in done.stderr

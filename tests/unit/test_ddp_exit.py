@@ -7,9 +7,9 @@ the interpreter is intact; this checks that it does, in a process of its own."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
+
+import procs
 
 SCRIPT = textwrap.dedent("""
     import gc, tempfile, weakref
@@ -41,6 +41,5 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_a_model_in_a_reference_cycle_is_freed_at_exit_after_destroy_process_group():
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
-                          timeout=120)
+    done = procs.run_python(["-c", SCRIPT], timeout_s=120)
     assert done.returncode == 0 and "freed" in done.stdout, done.stderr[-2000:]

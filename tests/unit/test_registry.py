@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 
+import procs
 import pytest
 
 from thinwire import collectives
@@ -79,8 +78,7 @@ def test_a_registered_algorithm_trains_through_thinwire_train(tmp_path):
         f"raise SystemExit(main(['train', '--algorithm', 'plugin_avg', '--model', 'mlp', "
         f"'--max-iters', '3', '--batch-size', '16', '--compute-probe-iters', '0', "
         f"'--no-progress', '--summary', {str(summary)!r}]))\n")
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
-                          timeout=300)
+    done = procs.run_python(["-c", program], timeout_s=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(summary.read_text())
     assert result["algorithm"] == "plugin_avg" and result["steps"] == 3

@@ -1,9 +1,8 @@
 """The simulator's PowerSGD model (thinwire.sim.powersgd) against PyTorch's own hook and by hand."""
 
 import json
-import subprocess
-import sys
 
+import procs
 import pytest
 
 from thinwire.collectives.costs import Cluster
@@ -11,25 +10,28 @@ from thinwire.sim import powersgd
 from thinwire.sim.compute import TimedLayer
 from thinwire.sim.network import Link, Network
 
-# PyTorch's hook on a world of one (DDP calls hooks there too): what it counts as sent per
-# compressed step (total_numel_after_compression) and the P/Q memory per bucket index.
+# PyTorch's hook on a world of one (DDP calls hooks there too) as `thinwire compare` registers it
+# (thinwire.train.grad_sync): what it counts as sent per compressed step
+# (total_numel_after_compression) and the P/Q memory per bucket index.
+# Not `ddp.register_comm_hook(state, powerSGD_hook)` directly: PyTorch's hook `.wait()`s on an
+# all-reduce inside a `.then()` callback, which gloo runs on one of its 2 run-loop threads; with
+# both models' two buckets in flight, both threads can wait on work only they could run, and the
+# process hangs in backward (1 run in 3 here). grad_sync's hook finishes each bucket before the
+# next, so at most one callback blocks a thread and the other runs its all-reduce (its comment
+# says why; test_powersgd_hook.py checks it on 2 ranks). The counts are PyTorch's own: the hook
+# inside is PyTorch's, with compare's settings.
 # Each DDP model is dropped and collected before the next one and before the process group goes
 # (a DDP with a Python hook freed later, by the cycle collector or at the interpreter's exit,
-# can hang or abort the process: see thinwire/ddp.py's exit handler); it hung this test in 2
-# of 4 pytest runs before (then 4 of 4 passed).
+# can hang or abort the process: see thinwire/ddp.py's exit handler).
 REFERENCE = r"""
 import gc, json, sys, tempfile, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
-from thinwire.train import models
+from thinwire.train import grad_sync, models
 dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
 for name, rank in ((a, int(b)) for a, b in (arg.split(":") for arg in sys.argv[1:])):
   model = models.build(name, 0)
   ddp = DDP(model)
-  state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
-                                      start_powerSGD_iter=2, use_error_feedback=True,
-                                      warm_start=True)
-  ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+  state = grad_sync.register(ddp, "powersgd", powersgd_rank=rank, powersgd_start_iter=2).state
   x = torch.randint(0, 256, (2, 64)) if name == "transformer" else torch.randn(2, 1, 28, 28)
   sent = []
   for _ in range(4):
@@ -50,8 +52,8 @@ CASES = (("widecnn", 4), ("transformer", 8))
 
 @pytest.fixture(scope="module")
 def pytorch_counts():
-    done = subprocess.run([sys.executable, "-c", REFERENCE] + [f"{n}:{r}" for n, r in CASES],
-                          capture_output=True, text=True, timeout=300)
+    # ~6 s on 2 idle cores; a hang fails in 120 s with every thread's stack
+    done = procs.run_python(["-c", REFERENCE] + [f"{n}:{r}" for n, r in CASES], timeout_s=120)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.strip().splitlines()[-len(CASES):]
     return {case: json.loads(line) for case, line in zip(CASES, lines)}

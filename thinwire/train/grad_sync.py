@@ -151,6 +151,8 @@ def register(model: DistributedDataParallel, algorithm: str, density: float = 0.
         process_group=None, matrix_approximation_rank=check_powersgd_rank(powersgd_rank),
         start_powerSGD_iter=powersgd_start_iter, use_error_feedback=True, warm_start=True,
         random_seed=seed)
+    if next(model.module.parameters()).device.type == "cpu":
+        check_gloo_threads_for_powersgd(model.process_group)
     layouts: dict = {}
     param_index = {id(p): i for i, p in enumerate(model.module.parameters())}
 
@@ -182,9 +184,38 @@ def _powersgd_resumable(layouts: dict, param_index: dict, state, bucket):
     layouts[index] = layout
     future = powerSGD_hook.powerSGD_hook(state, bucket)
     if not bucket.buffer().is_cuda:
-        # On gloo, PyTorch's hook launches its second all-reduce (Q) from a callback on gloo's
-        # thread while the autograd thread launches the next bucket's first (P): ranks then
-        # issue collectives in different orders and gloo fails ("Received data size doesn't
-        # match expected size"). Finishing each bucket before the next keeps them in step.
+        # On gloo, finish each bucket before DDP hands over the next one. Two reasons:
+        # * Deadlock. PyTorch's hook chains its all-reduces with `.then()` callbacks, and each
+        #   callback launches the next all-reduce (P, then Q) and `.wait()`s on it. Gloo runs
+        #   callbacks on the run-loop thread that completed the previous all-reduce, so every
+        #   bucket in flight blocks one of the group's run-loop threads (2 by default) until
+        #   its inner all-reduce runs on another. With as many buckets in flight as threads,
+        #   all of them wait on work that only they could run: the process hangs in backward
+        #   (seen in `make test`, world size 1, two buckets). With one bucket in flight, one
+        #   thread is blocked and the other runs the inner all-reduce
+        #   (`check_gloo_threads_for_powersgd` makes sure there is another).
+        # * Order. A callback launches Q on gloo's thread while the autograd thread launches
+        #   the next bucket's first all-reduce: ranks then issue collectives in different
+        #   orders and gloo fails ("Received data size doesn't match expected size").
+        # PowerSGD's algorithm and settings are untouched; the cost is the overlap of a
+        # bucket's communication with the rest of backward, which gloo's blocking callbacks
+        # would serialise anyway.
         future.wait()
     return future
+
+
+def check_gloo_threads_for_powersgd(group=None) -> None:
+    """Refuse a gloo group with fewer than 2 run-loop threads for the PowerSGD peer: one
+    bucket's callbacks block one thread while its inner all-reduce needs another."""
+    import torch
+    import torch.distributed as dist
+
+    group = group if group is not None else dist.group.WORLD
+    try:
+        backend = group._get_backend(torch.device("cpu"))
+        threads = backend.options._threads  # private in PyTorch 2.13: checked where it exists
+    except (AttributeError, RuntimeError):
+        return
+    if isinstance(threads, int) and threads < 2:
+        raise ValueError(f"powersgd on gloo needs a process group with >= 2 run-loop threads "
+                         f"(PyTorch's hook blocks one in a callback), got {threads}")
