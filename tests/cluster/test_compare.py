@@ -127,3 +127,31 @@ def test_compare_names_a_bad_diloco_setting_before_any_run(tmp_path, train, mess
         compare(settings, tmp_path, progress=False)
     assert message in str(info.value)
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_stalled_run_is_reported_failed_with_its_stacks_and_the_race_goes_on(
+        tmp_path, cluster_leaks, monkeypatch):
+    """powersgd's run is declared stalled as soon as it is training (when StallWatch says so is
+    tested in test_compare_stall.py); compare stops it, reports it failed with the reason, its
+    log holds the ranks' thread stacks, and ddp's run after it still runs."""
+    real_watch = compare_mod.StallWatch
+
+    def watch(metrics, stall_s):
+        if "powersgd" not in metrics.name:
+            return real_watch(metrics, stall_s)
+        return lambda: ("stalled: as the test says" if metrics.is_file()
+                        and metrics.stat().st_size > 0 else None)
+
+    monkeypatch.setattr(compare_mod, "StallWatch", watch)
+    settings = CompareSettings(algorithms=["powersgd", "ddp"], nodes=2, ranks_per_node=1,
+                               rates=["none"], shaping=False, target=0.2, budget_s=120,
+                               stop_at_target=False, eval_every=0, timeout_s=240,
+                               train={"model": "mlp", "epochs": 1, "max_iters": 40,
+                                      "batch_size": 16})
+    results = compare(settings, tmp_path, progress=False)
+    runs = {r["algorithm"]: r for r in results["runs"]}
+    assert runs["powersgd"]["status"] == "failed (stalled: as the test says)", runs["powersgd"]
+    assert runs["ddp"]["status"] == "ok", runs["ddp"]
+    log = open(runs["powersgd"]["log"]).read()
+    assert log.count("most recent call first") >= 2, log[-3000:]  # each rank's stacks
+    assert "stalled: as the test says" in (tmp_path / "report.md").read_text()

@@ -23,7 +23,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Callable, Iterator
 
 from thinwire.output import write_json_atomic
 from thinwire.cluster.accounting import NodeMonitor
@@ -39,6 +39,8 @@ TERMINATE_GRACE_S = 5.0
 # After a kernel OOM kill the job is lost anyway: a short grace gets the error to the user fast.
 OOM_TERMINATE_GRACE_S = 0.3
 EXIT_TIMEOUT = 124
+EXIT_STOPPED = 125  # the caller's `stop_when` asked for the stop (a stalled run, say)
+STACK_DUMP_GRACE_S = 3.0  # for the ranks' faulthandler output to reach the job's output
 EXIT_OOM = 137  # what a shell reports for a SIGKILLed job; run() raises NodeOutOfMemory instead
 
 
@@ -163,6 +165,34 @@ def _stop(procs: list[subprocess.Popen], network: Network | None,
             log.error("process %d did not exit after SIGKILL", p.pid)
 
 
+def _handles(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (its SigCgt mask in /proc): SIGUSR1
+    kills a process that has none (torchrun itself, say)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def dump_stacks(procs: list[subprocess.Popen]) -> int:
+    """SIGUSR1 to every process under `procs` that handles it; waits for the dumps to be copied
+    into the output. Returns how many processes were asked."""
+    asked = 0
+    for pid in {pid for p in procs if p.poll() is None for pid in _descendants(p.pid)}:
+        if _handles(pid, signal.SIGUSR1):
+            try:
+                os.kill(pid, signal.SIGUSR1)
+                asked += 1
+            except ProcessLookupError:
+                pass
+    if asked:
+        time.sleep(STACK_DUMP_GRACE_S)
+    return asked
+
+
 class _Signalled(BaseException):
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -206,11 +236,16 @@ def new_run_id() -> str:
 
 def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
         timeout_s: float | None = None, output: IO[str] | None = None,
-        stats_path: str | None = None) -> int:
+        stats_path: str | None = None,
+        stop_when: Callable[[], str | None] | None = None) -> int:
     """Run `command` (SCRIPT [ARGS] or -m MODULE [ARGS]) on every rank of `spec`'s cluster.
 
     Returns 0 if every rank succeeded; otherwise the first failing node's torchrun status,
     124 on timeout. SIGINT raises KeyboardInterrupt and SIGTERM SystemExit(143) after cleanup.
+    `stop_when`: called about every 0.1 s while the job runs; a string it returns (the reason)
+    stops the job and makes the status 125, after every rank that has a SIGUSR1 handler
+    (``python -m thinwire.train``'s faulthandler) got the signal to write its threads' stacks
+    into the output: a stalled job shows where it stood.
     A node killed for exceeding `spec.node_memory` raises `NodeOutOfMemory` (after cleanup).
     `stats_path`: write the per-node accounting there as JSON (CPU seconds, peak memory, link
     bytes, time series every 100 ms, priority-class drops); shaped runs only.
@@ -236,7 +271,7 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
             try:
                 _start(spec, list(command), env, network, log_dir, output, procs, threads,
                        monitors)
-                status = _wait(procs, timeout_s, monitors[0] if monitors else None)
+                status = _wait(procs, timeout_s, monitors[0] if monitors else None, stop_when)
                 if status != 0 and monitors and monitors[0].check_oom() is not None:
                     raise monitors[0].oom
                 return status
@@ -316,10 +351,16 @@ def _start(spec: ClusterSpec, command: list[str], env: dict | None, network: Net
 
 
 def _wait(procs: list[subprocess.Popen], timeout_s: float | None,
-          monitor: NodeMonitor | None = None) -> int:
+          monitor: NodeMonitor | None = None,
+          stop_when: Callable[[], str | None] | None = None) -> int:
     """0 when all nodes succeed; as soon as one fails or time runs out, the status to report."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
+        reason = stop_when() if stop_when is not None else None
+        if reason:
+            log.error("cluster run stopped: %s; the ranks' stacks follow in the output", reason)
+            dump_stacks(procs)
+            return EXIT_STOPPED
         if monitor is not None and monitor.oom is not None:
             return EXIT_OOM  # the kernel killed part of a node: the rest cannot go on
         codes = [p.poll() for p in procs]

@@ -31,7 +31,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             target=args.target, budget_s=args.budget_s, eval_every=args.eval_every,
             stop_at_target=not args.no_stop_at_target, tune=args.tune,
             lr_grid=tuple(float(x) for x in args.lr_grid.split(",") if x.strip()),
-            timeout_s=args.timeout, train=train,
+            timeout_s=args.timeout, stall_s=args.stall_timeout, train=train,
             resources={k: v for k, v in resource_kwargs(args).items()
                        if v not in (None, False)})
         out = args.out if len(names) == 1 else f"{args.out}/{name}"
@@ -94,6 +94,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-shaping", action="store_true", help="loopback, no namespaces or tc")
     p.add_argument("--timeout", type=float, default=s.timeout_s, metavar="SECONDS",
                    help="per run")
+    p.add_argument("--stall-timeout", type=float, default=s.stall_s, metavar="SECONDS",
+                   help="stop a run whose metrics show no new step for this long, report it "
+                        "as failed (its log gets the ranks' stacks) and go on with the others")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_resource_options(p)
     group = p.add_argument_group("training options (as thinwire train's; the workload sets "

@@ -20,9 +20,11 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import sys
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +32,7 @@ from pathlib import Path
 from thinwire.output import write_json_atomic
 from thinwire.cluster import ClusterSpec, missing_requirements, parse_rate
 from thinwire.cluster import run as cluster_run
+from thinwire.cluster.launch import EXIT_TIMEOUT
 from thinwire import collectives
 from thinwire.train import data, grad_sync, models, quality, report, workloads
 from thinwire.train.config import TrainConfig
@@ -37,6 +40,11 @@ from thinwire.train.config import TrainConfig
 log = logging.getLogger("thinwire.compare")
 
 POWERSGD_START_ITER = grad_sync.POWERSGD_START_ITER
+# A compare run writes a metrics line every step; its slowest steps (the LM's, an evaluation)
+# take seconds, its start (imports, data, compute probe) well under a minute on 2 cores.
+DEFAULT_STALL_S = 300.0
+
+
 def default_algorithms() -> list[str]:
     """PyTorch's peers, then every algorithm in thinwire's registry (read when needed, so an
     algorithm registered later is raced too)."""
@@ -77,6 +85,9 @@ class CompareSettings:
     tune: bool = False
     lr_grid: tuple = DEFAULT_LR_GRID
     timeout_s: float = 1800.0
+    # A run whose metrics file shows no new step or evaluation for this long is stopped and
+    # reported as failed (the rest of the race goes on); its log gets the ranks' stacks.
+    stall_s: float = DEFAULT_STALL_S
     train: dict = field(default_factory=dict)  # TrainConfig overrides (TRAIN_FIELDS)
     # Node CPU/memory budgets and link priority classes: ClusterSpec keyword arguments
     # (node_cpus, node_memory, best_effort_limits, link_classes, class_queue); {} = none.
@@ -111,6 +122,10 @@ class CompareSettings:
                 parse_rate(rate, "--inter-node-bandwidth")
         if not self.timeout_s > 0:
             raise ValueError(f"--timeout must be > 0 seconds, got {self.timeout_s!r}")
+        if isinstance(self.stall_s, bool) or not isinstance(self.stall_s, (int, float)) \
+                or not math.isfinite(self.stall_s) or self.stall_s <= 0:
+            raise ValueError(f"--stall-timeout must be a number of seconds > 0, got "
+                             f"{self.stall_s!r}")
         ClusterSpec(nodes=self.nodes, ranks_per_node=self.ranks_per_node,  # checks the shape
                     shaping=self.shaping or not self.resources, **self.resources)
         base = self.base_config()
@@ -249,6 +264,51 @@ class _StepWatcher:
                                          f"{seconds:.0f} s trained")
 
 
+class StallWatch:
+    """`stop_when` for the cluster launcher: a reason once the run's metrics file (a line a
+    step in compare's runs) has not grown for `stall_s` seconds, counted from the start until
+    the first line. A run that hangs (a deadlocked hook, a lost peer) then fails in `stall_s`,
+    not at the run's whole `--timeout`."""
+
+    CHECK_EVERY_S = 1.0
+
+    def __init__(self, metrics: Path, stall_s: float, clock=time.monotonic):
+        self.metrics, self.stall_s, self.clock = metrics, stall_s, clock
+        self._size, self._since = -1, clock()
+        self._checked = -math.inf
+
+    def __call__(self) -> str | None:
+        now = self.clock()
+        if now - self._checked < self.CHECK_EVERY_S:
+            return None
+        self._checked = now
+        try:
+            size = self.metrics.stat().st_size
+        except OSError:
+            size = -1
+        if size != self._size:
+            self._size, self._since = size, now
+            return None
+        if now - self._since < self.stall_s:
+            return None
+        where = "before its first step" if size <= 0 else f"after step {self._last_step()}"
+        return f"stalled: no training progress for {self.stall_s:g} s {where}"
+
+    def _last_step(self) -> str:
+        step = "?"
+        try:
+            for line in self.metrics.read_text().splitlines():
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and "step" in record:
+                    step = record["step"]
+        except OSError:
+            pass
+        return str(step)
+
+
 def run_one(settings: CompareSettings, cfg: TrainConfig, rate: str, out: Path, bar=None,
             tag: str = "") -> dict:
     """One training job on the cluster; its result (also written to DIR/runs/<key>.json)."""
@@ -278,15 +338,35 @@ def run_one(settings: CompareSettings, cfg: TrainConfig, rate: str, out: Path, b
                        inter_node_bandwidth=None if rate == "none" else rate,
                        shaping=settings.shaping, **settings.resources)
     steps = _total_steps(cfg, settings)
+    stall = StallWatch(metrics, settings.stall_s)
+    stalled: list[str] = []
+
+    def stop_when() -> str | None:
+        reason = stall()
+        if reason:
+            stalled.append(reason)
+        return reason
+
     try:
         with open(out / "logs" / f"{key}.log", "w") as output, \
                 _StepWatcher(bar, metrics, f"{cfg.algorithm} @ {rate}{tag}", steps):
             status = cluster_run(spec, ["-m", "thinwire.train", "--config", str(config)],
-                                 timeout_s=settings.timeout_s, output=output)
+                                 timeout_s=settings.timeout_s, output=output,
+                                 stop_when=stop_when)
     finally:
         config.unlink(missing_ok=True)
+    if status == 0 and summary.is_file():
+        outcome = "ok"
+    elif stalled:
+        outcome = f"failed ({stalled[0]})"
+        log.error("%s: %s; the ranks' stacks are in %s", key, stalled[0],
+                  out / "logs" / f"{key}.log")
+    elif status == EXIT_TIMEOUT:
+        outcome = f"failed (timed out after {settings.timeout_s:g} s)"
+    else:
+        outcome = f"failed ({status})"
     result = {"algorithm": cfg.algorithm, "inter_node_bandwidth": rate, "setting": setting,
-              "status": "ok" if status == 0 and summary.is_file() else f"failed ({status})"}
+              "status": outcome}
     if result["status"] == "ok":
         result.update({k: v for k, v in json.loads(summary.read_text()).items()
                        if k not in result})

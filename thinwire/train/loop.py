@@ -328,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  "compatible).")
     add_arguments(parser)
     setup_logging()
+    enable_stack_dumps()
     try:
         add_config_file(parser, argv)
         args = parser.parse_args(argv)
@@ -336,6 +337,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"thinwire train: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def enable_stack_dumps() -> None:
+    """SIGUSR1 writes every thread's Python stack to stderr (and the run goes on): what the
+    cluster launcher asks of a run it stops as stalled (`thinwire compare --stall-timeout`),
+    and what a user can ask of a rank that seems stuck (`kill -USR1 PID`)."""
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
 
 
 def setup_logging(verbose: bool = False) -> None:
