@@ -82,6 +82,7 @@ def launch(world: int, args: list[str], timeout_s: float = 300.0) -> list[tuple[
     agreement a rank would wait in its next collective for gloo's 30 minutes; the limit is
     generous because the machines the tests run on may be shared and loaded)."""
     import socket
+    import signal
     import subprocess
     import sys
     import time
@@ -104,6 +105,10 @@ def launch(world: int, args: list[str], timeout_s: float = 300.0) -> list[tuple[
             _, err = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
             out.append((proc.returncode, err))
         except subprocess.TimeoutExpired:
+            # python -m thinwire.train writes every thread's stack on SIGUSR1: the caller's
+            # failure message then shows where the rank stood
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(2.0)
             proc.kill()
             _, err = proc.communicate()
             out.append((None, err))
