@@ -122,7 +122,7 @@ def exact(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 # --------------------------------------------------------------------------- helpers
 
 
-def _entries_at_least(flat: torch.Tensor, threshold: torch.Tensor, expected: int | None = None):
+def entries_at_least(flat: torch.Tensor, threshold: torch.Tensor, expected: int | None = None):
     """``(indices, magnitudes)`` of the entries with ``|x| >= threshold``, streamed in blocks.
 
     Indices are int64 and ascending; magnitudes come in the threshold's dtype. The comparison
@@ -222,7 +222,7 @@ def mstopk(x: torch.Tensor, k: int, iterations: int = 30,
             members, magnitudes = search.shrink(members, magnitudes)
 
     if members is None:
-        members, magnitudes = _entries_at_least(flat, search.thres2)
+        members, magnitudes = entries_at_least(flat, search.thres2)
     return _fill_from_band(flat, members, magnitudes, search.thres1, k)
 
 
@@ -240,7 +240,7 @@ def _first_working_set(flat: torch.Tensor, k: int, search: "_ThresholdSearch"):
             guess = torch.topk(sample, rank, sorted=False).values.min()
             # Every threshold the search tests is positive, so zeros never need to be kept.
             guess = torch.clamp(guess, min=torch.finfo(work).tiny)
-            members, magnitudes = _entries_at_least(flat, guess)
+            members, magnitudes = entries_at_least(flat, guess)
             if k < members.numel() <= n // 4:
                 search.known_floor = guess
                 return members, magnitudes
@@ -335,7 +335,7 @@ def sampled(x: torch.Tensor, k: int, sample_fraction: float = 0.005,
     for factor in (1.5, 4.0, 16.0):
         rank = min(size, math.ceil(factor * k * size / n) + 8)
         guess = torch.topk(sample, rank, sorted=False).values.min().to(flat.dtype)
-        candidates, magnitudes = _entries_at_least(flat, guess)
+        candidates, magnitudes = entries_at_least(flat, guess)
         if candidates.numel() >= k:
             _, pos = torch.topk(magnitudes, k, sorted=False)
             return flat[candidates[pos]], candidates[pos]
@@ -359,7 +359,7 @@ def top_k_above(x: torch.Tensor, k: int, threshold: float, most: float = 4.0):
     work = _work_dtype(flat.dtype)
     if not bool(torch.isfinite(flat.sum(dtype=work))):  # NaN/Inf: the full check names it
         _abs_max(flat)
-    members, magnitudes = _entries_at_least(flat, torch.tensor(threshold, dtype=work), k)
+    members, magnitudes = entries_at_least(flat, torch.tensor(threshold, dtype=work), k)
     count = members.numel()
     if count < k or count > most * k:
         return None, None, count

@@ -262,7 +262,7 @@ def test_entries_at_least_matches_a_plain_comparison(n, threshold, dtype):
     # Covers the row screening, its dense-hit fallback, the ragged tail and block offsets.
     x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
     t = torch.tensor(threshold, dtype=torch.float32)
-    indices, magnitudes = topk._entries_at_least(x, t)
+    indices, magnitudes = topk.entries_at_least(x, t)
     expected = torch.nonzero(x.abs().float() >= t).squeeze(1)
     assert torch.equal(indices, expected)
     assert torch.equal(magnitudes, x.abs().float()[expected])

@@ -9,7 +9,7 @@ import pytest
 from thinwire.pipeline import schedules
 from thinwire.pipeline.config import PipelineConfig
 from thinwire.pipeline.emulate import emulate
-from thinwire.wavelet import pipeline_schedule as tt
+from thinwire.pipeline import ticktock as tt
 
 
 @pytest.mark.parametrize("S,M,groups", [(1, 2, 2), (2, 4, 2), (3, 2, 3), (4, 4, 2), (4, 8, 1),

@@ -70,7 +70,7 @@ def torchft_outer_steps(nodes: int = 2, steps: int = 40, sync_every: int = 10,
     import torch
 
     from thinwire.local_sgd import torchft_peer
-    from thinwire.local_sgd.bench_peer import thinwire_replicas, torchft_lm_replica
+    from thinwire.bench.diloco_peer import thinwire_replicas, torchft_lm_replica
 
     rows = []
     for repeat in range(repeats):

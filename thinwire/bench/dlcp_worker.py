@@ -31,7 +31,7 @@ BULK_START_S = 3.0  # the bulk flow's TCP has reached the link's rate by then
 
 def _bulk_flow(rank: int, port: int, stop_file: str, classes: int):
     """Rank 0 serves, rank 1 sends (lowest class); other ranks take no part."""
-    from thinwire.cluster.check import PROBE_SCRIPT
+    from thinwire.cluster.probes import PROBE_SCRIPT
     from thinwire.cluster.qos import tos_for_class
 
     host = [None]

@@ -32,7 +32,7 @@ COLUMNS = ("schedule", "group", "per_wave", "samples", "samples_per_s", "vs_gpip
 
 
 def ideal_utilisation(schedule: str, stages: int, group: int, groups: int = 4) -> float:
-    from thinwire.wavelet import pipeline_schedule as tt
+    from thinwire.pipeline import ticktock as tt
 
     if schedule == "gpipe":
         return group / (group + stages - 1)

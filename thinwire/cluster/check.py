@@ -17,39 +17,32 @@ import io
 import json
 import os
 import subprocess
-import sys
 import tempfile
-from pathlib import Path
 from typing import IO
 
 from thinwire.cluster.check_resources import check_resources
 from thinwire.cluster.launch import new_run_id, run
 from thinwire.ports import free_port
 from thinwire.cluster.netns import Network
+from thinwire.cluster.probes import probe_argv
 from thinwire.cluster.spec import ClusterSpec, format_latency, format_rate
 
 PROBE_PORT = 29700
-# The probes' socket programs use the standard library only: run as a file, they start without
-# importing the thinwire package (and torch), seconds faster on a loaded machine.
-PROBE_SCRIPT = str(Path(__file__).with_name("probe.py"))
-
-
-def _probe(prefix: list[str], *args: str) -> list[str]:
-    return prefix + [sys.executable, PROBE_SCRIPT, *args]
 
 
 def _pair(server_prefix: list[str], client_prefix: list[str], host: str, port: int,
           client_args: list[str], timeout_s: float = 120.0) -> tuple[dict, dict]:
     """Start a probe server, wait for READY, run the client; returns (server, client) results."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    server = subprocess.Popen(_probe(server_prefix, "serve", "--host", host, "--port", str(port)),
+    server = subprocess.Popen(probe_argv(server_prefix, "serve", "--host", host, "--port",
+                                         str(port)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         ready = server.stdout.readline().strip()
         if ready != "READY":
             raise RuntimeError(f"probe server did not start: {ready} {server.stderr.read()}")
         client = subprocess.run(
-            _probe(client_prefix, *client_args, "--host", host, "--port", str(port)),
+            probe_argv(client_prefix, *client_args, "--host", host, "--port", str(port)),
             capture_output=True, text=True, timeout=timeout_s, env=env)
         if client.returncode != 0:
             raise RuntimeError(f"probe client failed: {client.stderr.strip()}")

@@ -25,6 +25,7 @@ import time
 from thinwire.cluster import qos
 from thinwire.cluster.cgroups import join as join_cgroups
 from thinwire.cluster.netns import Network, sh
+from thinwire.cluster.probes import PROBE_SCRIPT
 from thinwire.cluster.spec import ClusterSpec, format_rate, format_size
 
 BUSY_LOOP = "while True: pass"
@@ -112,8 +113,6 @@ class _Flow:
 
     def __init__(self, network: Network, port: int, tos: int, stop_file: str, sender: int = 1,
                  udp: bool = False):
-        from thinwire.cluster.check import PROBE_SCRIPT
-
         probe = [sys.executable, PROBE_SCRIPT]
         host = network.node_addr(0)
         self.server = self.client = None

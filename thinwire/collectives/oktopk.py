@@ -53,7 +53,7 @@ import torch.distributed as dist
 from thinwire.collectives import costs, traffic
 from thinwire.collectives.primitives import dense_allreduce, sparse_alltoall, sum_sparse
 from thinwire.collectives.registry import Algorithm, register
-from thinwire.topk import _entries_at_least
+from thinwire.topk import entries_at_least
 
 DEFAULTS = {"tau": 32, "rebalance_every": 64}
 THRESHOLD_NUDGE = 1.2
@@ -79,7 +79,7 @@ def _at_least(x: torch.Tensor, threshold: float) -> torch.Tensor:
         return torch.nonzero(x).squeeze(1)
     bound = torch.tensor(threshold, dtype=torch.float64 if x.dtype == torch.float64
                          else torch.float32, device=x.device)
-    return _entries_at_least(x, bound)[0]
+    return entries_at_least(x, bound)[0]
 
 
 def _memory(state, bucket_index: int, numel: int) -> dict:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from thinwire.pipeline import engine, timeline
+from thinwire.pipeline import engine, stage_io, timeline
 from thinwire.pipeline.config import PipelineConfig
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def main(cfg: PipelineConfig) -> dict | None:
     from thinwire.output import write_json_atomic
 
     summary = engine.train_stage(cfg)
-    stages = engine.gather({k: v for k, v in summary.items() if k != "params"})
+    stages = stage_io.gather({k: v for k, v in summary.items() if k != "params"})
     result = None
     if dist.get_rank() == 0:
         result = summarise(cfg, stages)

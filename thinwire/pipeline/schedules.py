@@ -13,10 +13,10 @@ the messages it receives, never on when they arrive.
   backwards, then one update (fill and drain).
 * ``1f1b`` (PipeDream-flush): stage s runs ``min(S-1-s, M)`` warm-up forwards, then alternates
   one forward and one backward, then the remaining backwards, then one update per group.
-* ``ticktock`` (Wavelet's model-parallel tick-tock, ``thinwire/wavelet/pipeline_schedule.py``):
+* ``ticktock`` (Wavelet's model-parallel tick-tock, ``thinwire/pipeline/ticktock.py``):
   gpipe's groups of M micro-batches as two waves of M/2, the second on the model placed in
   reverse order so that it runs in the first one's bubbles. Its lists are per *rank* (each
-  rank holds two partitions) and run on ``thinwire.wavelet.pipeline_engine``.
+  rank holds two partitions) and run on ``thinwire.pipeline.ticktock_engine``.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ def build(schedule: str, stages: int, micro_batches: int, group: int = 1) -> lis
     if schedule == "pb":
         return _pb(stages, micro_batches)
     if schedule == "ticktock":
-        from thinwire.wavelet import pipeline_schedule
+        from thinwire.pipeline import ticktock
 
-        return pipeline_schedule.build(stages, micro_batches, group)
+        return ticktock.build(stages, micro_batches, group)
     return _flushed(schedule, stages, micro_batches // group, group)
 
 

@@ -135,7 +135,8 @@ def _pick(mapping: dict, key: str, default=None):
     return default
 
 
-def _rate_bps(value) -> float | None:
+def rate_bps(value) -> float | None:
+    """A run's inter-node rate in bit/s ("200mbit" or a number); None where unshaped."""
     if value is None or (isinstance(value, str) and value.lower() in ("none", "unshaped", "")):
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -238,7 +239,7 @@ def _read_run(raw: dict, setting: dict, where: str, source: str) -> Run | str:
         rank = powersgd.check_rank(int(merged.get("powersgd_rank") or 4))
         wire = None
     return Run(source, measured, modelled, cluster.nodes, cluster.ranks_per_node,
-               _rate_bps(_pick(merged, "inter_node_bandwidth")), key, layers,
+               rate_bps(_pick(merged, "inter_node_bandwidth")), key, layers,
                float(_pick(merged, "density", 0.01)), wire, seconds, compute_s, hook_s,
                extra={k: raw[k] for k in ("inter_node_mb_per_iter",) if raw.get(k) is not None},
                shapes=None if shapes is None else tuple(shapes), powersgd_rank=rank)
@@ -256,13 +257,14 @@ def read_runs(paths) -> tuple[list[Run], list[str]]:
     if not runs:
         raise ValueError("no usable runs to calibrate on" +
                          (": " + "; ".join(skipped) if skipped else ""))
-    keys = sorted({_setting_key(r) for r in runs})
+    keys = sorted({setting_key(r) for r in runs})
     for run in runs:
-        run.setting_index = keys.index(_setting_key(run))
+        run.setting_index = keys.index(setting_key(run))
     return runs, skipped
 
 
-def _setting_key(run: Run) -> tuple:
+def setting_key(run: Run) -> tuple:
+    """What makes two runs the same setting (cluster shape, rate, model): they share a fit."""
     return (run.nodes, run.ranks_per_node, run.inter_bps or 0.0, run.layers_key)
 
 

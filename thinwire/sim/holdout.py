@@ -30,7 +30,7 @@ import dataclasses
 import statistics
 from collections import defaultdict
 
-from thinwire.sim.calibrate import (Run, _rate_bps, _setting_key, fit, mode_name, overlap_modes,
+from thinwire.sim.calibrate import (Run, rate_bps, setting_key, fit, mode_name, overlap_modes,
                                     predict, read_runs)
 
 COMPUTE_SOURCES = ("calibrated", "probe")
@@ -40,8 +40,8 @@ IDENTIFIED = 0.02   # ... must move some calibration run's prediction by at leas
 
 
 def _reindexed(runs: list[Run]) -> list[Run]:
-    keys = sorted({_setting_key(r) for r in runs})
-    return [dataclasses.replace(r, setting_index=keys.index(_setting_key(r))) for r in runs]
+    keys = sorted({setting_key(r) for r in runs})
+    return [dataclasses.replace(r, setting_index=keys.index(setting_key(r))) for r in runs]
 
 
 def _held_out_prediction(run: Run, params: dict, train: list[Run], compute_s: float,
@@ -81,7 +81,7 @@ def holdout(paths, calibrate_at: str, overlap: str = "hooks", repeats: str = "ea
     modes = overlap_modes(overlap)
     if repeats not in REPEATS:
         raise ValueError(f"repeats must be one of {', '.join(REPEATS)}, got {repeats!r}")
-    rate = _rate_bps(calibrate_at)
+    rate = rate_bps(calibrate_at)
     runs, skipped = read_runs(paths)
     if repeats == "median":
         runs = median_of_repeats(runs)

@@ -6,6 +6,6 @@
 """
 
 from thinwire.train.config import TrainConfig
-from thinwire.train.loop import train
+from thinwire.train.modes import train
 
 __all__ = ["TrainConfig", "train"]

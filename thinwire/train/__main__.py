@@ -2,6 +2,6 @@
 
 import sys
 
-from thinwire.train.loop import main
+from thinwire.train.modes import main
 
 sys.exit(main())

@@ -180,8 +180,8 @@ class TrainConfig:
         if self.stop_after and not self.checkpoint:
             raise ValueError("--stop-after needs --checkpoint DIR (to resume from later)")
         if self.waves == 2:
-            from thinwire.wavelet.loop import check_config
-            check_config(self)
+            from thinwire.wavelet.schedule import check_train_config
+            check_train_config(self)
         return self
 
     def to_dict(self) -> dict:

@@ -41,11 +41,12 @@ LARS_DEFAULT_LR = 2.0
 
 
 def train(cfg: TrainConfig) -> dict:
-    """Run ``cfg``; returns the summary on rank 0 (an empty dict on other ranks)."""
+    """Run ``cfg`` with per-step synchronisation (one wave); returns the summary on rank 0 (an
+    empty dict on other ranks). ``thinwire.train.train`` chooses this or the two-wave loop."""
     cfg.validate()
-    if cfg.waves == 2:  # tick-tock scheduling lives in its own package
-        from thinwire.wavelet.loop import train as train_waves
-        return train_waves(cfg)
+    if cfg.waves != 1:
+        raise ValueError(f"thinwire.train.loop trains one wave, got waves={cfg.waves}: "
+                         "thinwire.train.train (thinwire.train.modes) runs --waves 2")
     for path, param in ((cfg.summary, "--summary"), (cfg.metrics, "--metrics")):
         check_output_path(path, param)  # before training, not after it
     device = _device(cfg)
@@ -104,11 +105,14 @@ def _autocast(cfg: TrainConfig, device: torch.device):
     return torch.autocast(device.type, dtype=dtype)
 
 
-def _batch(ds: data.Dataset, index: torch.Tensor, device: torch.device):
+def batch_on(ds: data.Dataset, index: torch.Tensor, device: torch.device):
+    """The training samples at ``index``, on ``device``."""
     return ds.train_x[index].to(device, non_blocking=True), ds.train_y[index].to(device)
 
 
-def _step(cfg, model, opt, sched, scaler, x, y, device) -> torch.Tensor:
+def train_step(cfg, model, opt, sched, scaler, x, y, device) -> torch.Tensor:
+    """Forward, backward (the DDP hook synchronises inside it), the optimizer and schedule
+    steps; the loss."""
     with _autocast(cfg, device):
         loss, _, _ = models.loss_and_correct(model, x, y)
     if scaler is not None:
@@ -135,9 +139,9 @@ def compute_only_ms(cfg, module, ds, batches, device, total_steps) -> float | No
     times = []
     dist.barrier()
     for i in range(cfg.compute_probe_iters + 1):
-        x, y = _batch(ds, batches[i % len(batches)], device)
+        x, y = batch_on(ds, batches[i % len(batches)], device)
         start = time.perf_counter()
-        _step(cfg, probe, opt, None, scaler, x, y, device)
+        train_step(cfg, probe, opt, None, scaler, x, y, device)
         if device.type == "cuda":
             torch.cuda.synchronize()
         if i:  # the first one allocates
@@ -178,7 +182,7 @@ def _fits(cfg: TrainConfig, module: torch.nn.Module, opt, sched):
     return check
 
 
-def _setup(cfg: TrainConfig, rank: int, world: int, device: torch.device):
+def setup_run(cfg: TrainConfig, rank: int, world: int, device: torch.device):
     """This rank's data set, model, schedule length and optimizer (the same for every entry
     point that trains `cfg`): (ds, module, steps_per_epoch, total_steps, opt, sched)."""
     torch.manual_seed(cfg.seed)
@@ -215,7 +219,7 @@ def sync_options(cfg: TrainConfig) -> dict | None:
 
 def _train(cfg: TrainConfig, device: torch.device) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
-    ds, module, steps_per_epoch, total_steps, opt, sched = _setup(cfg, rank, world, device)
+    ds, module, steps_per_epoch, total_steps, opt, sched = setup_run(cfg, rank, world, device)
     saved = checkpoint.load(cfg.resume, rank, cfg, world, steps_per_epoch=steps_per_epoch,
                             check=_fits(cfg, module, opt, sched)) if cfg.resume else None
     if saved is not None:
@@ -278,9 +282,9 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
             if step - start_step == WARMUP_STEPS:
                 tx_start = interface_tx_bytes()
                 metrics.start_timing(sync.totals())
-            x, y = _batch(ds, batches[position], device)
+            x, y = batch_on(ds, batches[position], device)
             begin = time.perf_counter()
-            loss = _step(cfg, model, opt, sched, scaler, x, y, device)
+            loss = train_step(cfg, model, opt, sched, scaler, x, y, device)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             step, position = step + 1, position + 1
@@ -314,39 +318,6 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
     if cfg.algorithm == "torchft-diloco":
         sync.close()  # torchft's managers and lighthouse stop while every rank is here
     return summary if rank == 0 else {}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m thinwire.train``: the same options as ``thinwire train``."""
-    import argparse
-    import sys
-
-    from thinwire.train.config import add_arguments, add_config_file, from_args
-
-    parser = argparse.ArgumentParser(prog="python -m thinwire.train",
-                                     description="Train one model with one algorithm (torchrun-"
-                                                 "compatible).")
-    add_arguments(parser)
-    setup_logging()
-    enable_stack_dumps()
-    try:
-        add_config_file(parser, argv)
-        args = parser.parse_args(argv)
-        train(from_args(args))
-    except (ValueError, TypeError, FileNotFoundError) as exc:
-        print(f"thinwire train: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def enable_stack_dumps() -> None:
-    """SIGUSR1 writes every thread's Python stack to stderr (and the run goes on): what the
-    cluster launcher asks of a run it stops as stalled (`thinwire compare --stall-timeout`),
-    and what a user can ask of a rank that seems stuck (`kill -USR1 PID`)."""
-    import faulthandler
-    import signal
-
-    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
 
 
 def setup_logging(verbose: bool = False) -> None:

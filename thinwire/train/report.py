@@ -5,14 +5,12 @@ Imports nothing from thinwire.train.compare: compare calls this module, never th
 
 from __future__ import annotations
 
-import math
 import statistics
-from collections import defaultdict
 from pathlib import Path
 
 from thinwire.output import format_table
-from thinwire.cluster import parse_rate
-from thinwire.train import quality
+from thinwire.train import quality, report_plots
+from thinwire.train.run_groups import by_rate
 
 COLUMNS = ["algorithm", "lr", "time_to_target_s", "time_vs_ddp", "quality_at_budget",
            "samples_per_s", "speedup_vs_ddp", "iter_ms", "comm_share", "inter_node_mb_per_iter",
@@ -27,10 +25,6 @@ def headers(setting: dict) -> dict:
             "samples_per_s": "samples/s", "speedup_vs_ddp": "samples/s x ddp",
             "iter_ms": "step ms", "comm_share": "comm share",
             "inter_node_mb_per_iter": "inter-node MB/step", "stop_reason": "stopped at"}
-
-
-def rate_bps(rate: str) -> float:
-    return math.inf if rate == "none" else float(parse_rate(rate))
 
 
 def compute_base(runs: list[dict]) -> dict | None:
@@ -61,13 +55,6 @@ def annotate(runs: list[dict]) -> list[dict]:
                 run["sync_ms_per_iter"] = max(run["iter_ms"] - base["median_ms"], 0.0)
                 run["comm_share"] = run["sync_ms_per_iter"] / run["iter_ms"]
     return runs
-
-
-def by_rate(runs: list[dict]) -> dict[str, list[dict]]:
-    groups: dict[str, list[dict]] = defaultdict(list)
-    for run in runs:
-        groups[run["inter_node_bandwidth"]].append(run)
-    return dict(groups)
 
 
 def _cell(col: str, run: dict, setting: dict):
@@ -116,8 +103,6 @@ def print_tables(results: dict) -> None:
 
 
 def write_all(results: dict, out: Path) -> list[str]:
-    from thinwire.train import report_plots
-
     written = report_plots.plots(results, out)
     (out / "report.md").write_text(markdown(results, written))
     return written

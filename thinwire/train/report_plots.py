@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from thinwire.train import quality
-from thinwire.train.report import by_rate, rate_bps
+from thinwire.train.run_groups import by_rate, rate_bps
 
 SPLIT_PARTS = (("compute", "compute"), ("selection", "top-k selection"),
                ("intra_node", "intra-node comm"), ("inter_node", "inter-node comm"),

@@ -26,34 +26,17 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from thinwire.output import check_output_path, write_json_atomic
-from thinwire.train import data, models
+from thinwire.train import data, loop, models
 from thinwire.train.config import TrainConfig
 from thinwire.wavelet import memory
-from thinwire.wavelet.schedule import TickTock, Wave, check_turn, check_waves
+from thinwire.wavelet.schedule import TickTock, Wave, check_train_config
 
 log = logging.getLogger("thinwire.wavelet")
 WARMUP_STEPS = 2
 PROBE_BATCH = 8
-# Options of `thinwire train` this loop does not implement; refused rather than ignored.
-UNSUPPORTED = {"checkpoint": None, "resume": None, "stop_after": 0, "checkpoint_every": 0,
-               "metrics": None, "amp": "none", "stop_at_target": False, "budget_s": 0.0}
-
-
-def check_config(cfg: TrainConfig) -> None:
-    check_waves(cfg.waves)
-    check_turn(cfg.wave_turn, "--wave-turn")
-    if cfg.algorithm == "diloco":
-        raise ValueError("--algorithm diloco is not supported with --waves 2 (allowed: a "
-                         "gradient-sync algorithm; the two waves are one data-parallel job)")
-    for name, default in UNSUPPORTED.items():
-        if getattr(cfg, name) != default:
-            raise ValueError(f"--{name.replace('_', '-')} is not supported with --waves 2 "
-                             f"(allowed: its default, {default!r}), got {getattr(cfg, name)!r}")
-
-
 def train(cfg: TrainConfig) -> dict:
     """Run one wave of ``cfg`` (``cfg.waves == 2``); returns the summary on rank 0."""
-    check_config(cfg)
+    check_train_config(cfg)
     check_output_path(cfg.summary, "--summary")
     if "RANK" not in os.environ:
         return _launch_locally(cfg)
@@ -98,16 +81,15 @@ def _device(wave: Wave) -> torch.device:
 
 def _check_memory(cfg, wave, module, ds, opt, device) -> dict:
     """Refuses a node limit below one wave's peak, before anything large is allocated."""
-    from thinwire.train.loop import _batch, _step
 
     probe_batch = min(PROBE_BATCH, cfg.batch_size)
     index = torch.arange(probe_batch)
-    x, y = _batch(ds, index, device)
+    x, y = loop.batch_on(ds, index, device)
     # one small step allocates gradients and optimizer state (lr 0: the weights stay)
     lrs = [group["lr"] for group in opt.param_groups]
     for group in opt.param_groups:
         group["lr"] = 0.0
-    _step(cfg, module, opt, None, None, x, y, device)
+    loop.train_step(cfg, module, opt, None, None, x, y, device)
     for group, lr in zip(opt.param_groups, lrs):
         group["lr"] = lr
     # resident now: runtime, data, weights and optimizer state; gradients are freed by _step
@@ -133,14 +115,13 @@ def _check_memory(cfg, wave, module, ds, opt, device) -> dict:
 
 
 def _train(cfg: TrainConfig, wave: Wave) -> dict:
-    from thinwire.train.loop import _batch, _setup, evaluate, register_sync
 
     rank, world = wave.rank, wave.world
     device = _device(wave)
-    ds, module, _, total_steps, opt, sched = _setup(cfg, rank, world, device)
+    ds, module, _, total_steps, opt, sched = loop.setup_run(cfg, rank, world, device)
     estimate = _check_memory(cfg, wave, module, ds, opt, device)
     model = DistributedDataParallel(module)
-    sync = register_sync(cfg, model, wave.local_world)
+    sync = loop.register_sync(cfg, model, wave.local_world)
     ticktock = TickTock(wave, turn=cfg.wave_turn)
     ticktock.attach(module)
     node_memory = memory.NodeMemory() if wave.local_rank == 0 else None
@@ -152,7 +133,7 @@ def _train(cfg: TrainConfig, wave: Wave) -> dict:
         for index in batches[:total_steps - step]:
             if step == WARMUP_STEPS:
                 timed_from = time.time()
-            x, y = _batch(ds, index, device)
+            x, y = loop.batch_on(ds, index, device)
             with ticktock.forward(step):
                 loss, _, _ = models.loss_and_correct(model, x, y)
             backward_from = time.time()
@@ -173,7 +154,7 @@ def _train(cfg: TrainConfig, wave: Wave) -> dict:
     timed_to = time.time()
     ticktock.close()
     samples = sampler.stop()
-    accuracy, test_loss = evaluate(cfg, module, ds, device)
+    accuracy, test_loss = loop.evaluate(cfg, module, ds, device)
     record = {"rank": rank, "wave": wave.index, "node": wave.node, "slot": wave.slot,
               "events": ticktock.events, "memory": samples, "estimate": estimate,
               "sync_totals": sync.totals()}

@@ -53,6 +53,25 @@ def check_waves(waves, param: str = "--waves") -> int:
     return waves
 
 
+# Options of `thinwire train` the wave loop does not implement; refused rather than ignored.
+UNSUPPORTED = {"checkpoint": None, "resume": None, "stop_after": 0, "checkpoint_every": 0,
+               "metrics": None, "amp": "none", "stop_at_target": False, "budget_s": 0.0}
+
+
+def check_train_config(cfg) -> None:
+    """A `thinwire train` configuration (TrainConfig) with ``waves == 2``: what the wave loop
+    can run, refused by option name otherwise."""
+    check_waves(cfg.waves)
+    check_turn(cfg.wave_turn, "--wave-turn")
+    if cfg.algorithm == "diloco":
+        raise ValueError("--algorithm diloco is not supported with --waves 2 (allowed: a "
+                         "gradient-sync algorithm; the two waves are one data-parallel job)")
+    for name, default in UNSUPPORTED.items():
+        if getattr(cfg, name) != default:
+            raise ValueError(f"--{name.replace('_', '-')} is not supported with --waves 2 "
+                             f"(allowed: its default, {default!r}), got {getattr(cfg, name)!r}")
+
+
 class WaveDied(RuntimeError):
     """The other wave of this device slot ended (crashed, killed) in the middle of the run."""
 

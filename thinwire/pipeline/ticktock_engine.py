@@ -1,7 +1,7 @@
 """The pipeline engine running the ``ticktock`` schedule (model-parallel Wavelet).
 
 Rank r holds two stage workers: the tick wave's partition r and the tock wave's partition
-S-1-r (a second copy of the model, placed in reverse; see ``pipeline_schedule``). Messages go
+S-1-r (a second copy of the model, placed in reverse; see ``thinwire.pipeline.ticktock``). Messages go
 as in ``thinwire.pipeline.engine`` (non-blocking sends, blocking receives), each wave and
 direction on its own tag: the tick's activations flow to rank r+1, the tock's to rank r-1.
 
@@ -24,10 +24,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from thinwire.pipeline import engine
+from thinwire.pipeline import stage_io
+from thinwire.pipeline import ticktock as tt
 from thinwire.pipeline.config import DTYPES, PipelineConfig, Stream, build_stages, load, optimizer_args
 from thinwire.pipeline.stage import StageWorker
-from thinwire.wavelet import pipeline_schedule as tt
 
 log = logging.getLogger(__name__)
 # The engine's tags are 1 (activations), 2 (gradients), 3 (evaluation); the tick wave uses 1, 2.
@@ -39,12 +39,12 @@ def train_stage(cfg: PipelineConfig) -> dict:
     """This rank's part of a ``ticktock`` run (the engine's ``train_stage`` contract: the same
     summary keys; ``params`` are the tick partition's, ``tock_params`` the tock copy's)."""
     cfg.validate()
-    r, S = engine.init(cfg)
+    r, S = stage_io.init(cfg)
     dtype = DTYPES[cfg.dtype]
     ds = load(cfg)
     stream = Stream(cfg, len(ds))
     stages = build_stages(cfg, ds.train_x[0].numel(), ds.classes)
-    shapes = engine._shapes(stages, ds.train_x[:cfg.micro_batch].to(dtype))
+    shapes = stage_io.activation_shapes(stages, ds.train_x[:cfg.micro_batch].to(dtype))
     M = cfg.group
     parts = {w: tt.partition_of(r, w, S) for w in (tt.TICK, tt.TOCK)}
     # Two independent copies: the tock's partition starts from the same initial weights.
@@ -52,13 +52,13 @@ def train_stage(cfg: PipelineConfig) -> dict:
                               optimizer_args(cfg, p), first=p == 0, last=p == S - 1)
                for w, p in parts.items()}
     ops = tt.build(S, stream.total, M)[r]
-    sender = engine._Sender()
+    sender = stage_io.Sender()
     exchange = _Exchange(workers, parts, r, S, M)
     events: list[tuple[str, int, float, float]] = []
 
     first = stream.indices(0)
     for w, p in parts.items():
-        engine._warm_up(stages[p], cfg, p, S, shapes, ds.train_x[first].to(dtype), ds.train_y[first])
+        stage_io.warm_up(stages[p], cfg, p, S, shapes, ds.train_x[first].to(dtype), ds.train_y[first])
     dist.barrier()
     t_start, cpu_start = time.time(), time.process_time()
     for kind, i in ops:
@@ -100,7 +100,7 @@ def train_stage(cfg: PipelineConfig) -> dict:
              parts[tt.TICK], parts[tt.TOCK], len(ops), t_end - t_start)
 
     tick = workers[tt.TICK]
-    accuracy = engine._evaluate(tick, r, S, ds.test_x.to(dtype), ds.test_y, tuple(shapes[r][1:]))
+    accuracy = stage_io.evaluate(tick, r, S, ds.test_x.to(dtype), ds.test_y, tuple(shapes[r][1:]))
     losses = [wk for wk in workers.values() if wk.last and wk.loss_count]
     busy = sum(e[3] - e[2] for e in events)
     return {
