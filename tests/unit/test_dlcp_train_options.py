@@ -11,7 +11,7 @@ from thinwire.bench import sync as bench_sync
 from thinwire.cluster import ClusterSpec
 from thinwire.collectives import dlcp
 from thinwire.train.config import TrainConfig, add_arguments, from_args
-from thinwire.train.loop import sync_options
+from thinwire.train.grad_sync import sync_options
 
 
 def _parse(argv):
@@ -58,7 +58,7 @@ def test_the_training_loop_registers_dlcp_with_the_given_options(tmp_path):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from thinwire.train.loop import register_sync
+    from thinwire.train.grad_sync import register_sync
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
                             world_size=1)

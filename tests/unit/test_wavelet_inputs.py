@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from thinwire.train.config import TrainConfig
-from thinwire.train.modes import main as train_main
+from thinwire.train.entry import main as train_main
 from thinwire.wavelet import Wave, check_turn, check_waves, memory
 
 

@@ -109,7 +109,7 @@ class TorchftDiLoCoSync:
                               sync_every=self.cfg.sync_every)
         self._diloco.__enter__()  # registers its hooks on the loop's optimizer
 
-    def flush(self) -> None:
+    def finish(self, stopped: bool) -> None:
         """Nothing in flight: torchft's DiLoCo syncs inside the optimizer step."""
 
     def state_dict(self):

@@ -69,8 +69,15 @@ class DiLoCoSync:
             sync_options=options)
         optimizer.register_step_post_hook(lambda *_: self.diloco.step())
 
-    def flush(self) -> None:
-        self.diloco.flush()
+    def finish(self, stopped: bool) -> None:
+        """After the last step: an exchange in flight lands (before the final evaluation),
+        unless the run stopped to resume later (its checkpoint keeps the exchange, applied at
+        its step after the resume)."""
+        if not stopped:
+            self.diloco.flush()
+
+    def close(self) -> None:
+        """Nothing to stop: the DiLoCo's process groups are the topology's."""
 
     def state_dict(self) -> dict:
         return self.diloco.state_dict()

@@ -6,6 +6,6 @@
 """
 
 from thinwire.train.config import TrainConfig
-from thinwire.train.modes import train
+from thinwire.train.entry import train
 
 __all__ = ["TrainConfig", "train"]

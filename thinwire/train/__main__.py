@@ -2,6 +2,6 @@
 
 import sys
 
-from thinwire.train.modes import main
+from thinwire.train.entry import main
 
 sys.exit(main())

@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from thinwire import collectives
+
 
 class CheckpointMismatch(ValueError):
     """A checkpoint field that is missing, of the wrong type, out of range or of the wrong
@@ -160,20 +162,11 @@ def _check_layouts(value, field: str) -> None:
                  f"{field}[{index!r}]", "None or a list of parameter indices", layout)
 
 
-def check_hook(saved, algorithm: str, is_thinwire: bool, numel: int) -> None:
-    """The hook's memory: residuals and velocities (thinwire), error and P/Q memories and the
-    generator (PowerSGD), nothing (DDP's own)."""
-    if is_thinwire:
-        _require(isinstance(saved, dict) and isinstance(saved.get("feedback"), dict), "hook",
-                 "a SyncState state_dict", type(saved).__name__)
-        _require(_is_int(saved.get("steps")) and saved["steps"] >= 0, "hook.steps",
-                 "an integer >= 0", saved.get("steps"))
-        feedback = saved["feedback"]
-        _require(isinstance(feedback.get("enabled"), bool), "hook.feedback.enabled", "a bool",
-                 feedback.get("enabled"))
-        for name in ("residuals", "velocities"):
-            _check_tensor_dict(feedback.get(name, {}), f"hook.feedback.{name}", numel)
-        _check_layouts(feedback.get("layouts", {}), "hook.feedback.layouts")
+def check_per_step_hook(saved, algorithm: str, numel: int) -> None:
+    """A per-step run's hook memory: residuals and velocities (thinwire's algorithms), error
+    and P/Q memories and the generator (PowerSGD), nothing (DDP's own)."""
+    if algorithm in collectives.names():
+        _check_sync_state(saved, "hook", numel)
     elif algorithm == "powersgd":
         _require(isinstance(saved, dict), "hook", "a PowerSGD state", type(saved).__name__)
         _require(_is_int(saved.get("iter")) and saved["iter"] >= 0, "hook.iter",
@@ -182,16 +175,38 @@ def check_hook(saved, algorithm: str, is_thinwire: bool, numel: int) -> None:
             _check_tensor_dict(saved.get(name), f"hook.{name}", numel)
         _check_layouts(saved.get("layouts"), "hook.layouts")
         rng_from_plain(saved.get("rng"))
-    elif algorithm == "diloco":  # DiLoCoSync: anchor and outer momentum, the inner SyncState
-        _require(isinstance(saved, dict) and _is_int(saved.get("inner_steps"))
-                 and saved["inner_steps"] >= 0 and isinstance(saved.get("pending"), dict),
-                 "hook", "a DiLoCo state (inner_steps >= 0, pending)", type(saved).__name__)
-        for name in ("anchor", "momentum"):
-            tensors = saved.get(name)
-            _require(isinstance(tensors, list) and all(
-                isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() <= numel
-                for t in tensors), f"hook.{name}", "a list of floating tensors", type(tensors))
-        check_hook(saved.get("sync"), "sync", True, numel)
     else:
-        _require(saved is None, "hook", f"None (--algorithm {algorithm} keeps no state)",
-                 type(saved).__name__)
+        check_no_hook(saved, algorithm)
+
+
+def check_diloco_hook(saved, algorithm: str, numel: int) -> None:
+    """DiLoCo's sync: anchor and outer momentum, the exchange in flight, the inner SyncState."""
+    _require(isinstance(saved, dict) and _is_int(saved.get("inner_steps"))
+             and saved["inner_steps"] >= 0 and isinstance(saved.get("pending"), dict),
+             "hook", "a DiLoCo state (inner_steps >= 0, pending)", type(saved).__name__)
+    for name in ("anchor", "momentum"):
+        tensors = saved.get(name)
+        _require(isinstance(tensors, list) and all(
+            isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() <= numel
+            for t in tensors), f"hook.{name}", "a list of floating tensors", type(tensors))
+    _check_sync_state(saved.get("sync"), "hook.sync", numel)
+
+
+def check_no_hook(saved, algorithm: str) -> None:
+    """A run whose synchronisation keeps no state (ddp, ddp-fp16)."""
+    _require(saved is None, "hook", f"None (--algorithm {algorithm} keeps no state)",
+             type(saved).__name__)
+
+
+def _check_sync_state(saved, where: str, numel: int) -> None:
+    """A thinwire SyncState's state_dict: step count, residuals and velocities."""
+    _require(isinstance(saved, dict) and isinstance(saved.get("feedback"), dict), where,
+             "a SyncState state_dict", type(saved).__name__)
+    _require(_is_int(saved.get("steps")) and saved["steps"] >= 0, f"{where}.steps",
+             "an integer >= 0", saved.get("steps"))
+    feedback = saved["feedback"]
+    _require(isinstance(feedback.get("enabled"), bool), f"{where}.feedback.enabled", "a bool",
+             feedback.get("enabled"))
+    for name in ("residuals", "velocities"):
+        _check_tensor_dict(feedback.get(name, {}), f"{where}.feedback.{name}", numel)
+    _check_layouts(feedback.get("layouts", {}), f"{where}.feedback.layouts")

@@ -10,7 +10,7 @@ from thinwire.train.config import add_arguments, from_args
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from thinwire.train.modes import train
+    from thinwire.train.entry import train
 
     train(from_args(args))
     return 0

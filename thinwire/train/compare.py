@@ -34,7 +34,7 @@ from thinwire.cluster import ClusterSpec, missing_requirements, parse_rate
 from thinwire.cluster import run as cluster_run
 from thinwire.cluster.launch import EXIT_TIMEOUT
 from thinwire import collectives
-from thinwire.train import data, grad_sync, models, quality, report, workloads
+from thinwire.train import data, grad_sync, models, modes, quality, report, workloads
 from thinwire.train.config import TrainConfig
 
 log = logging.getLogger("thinwire.compare")
@@ -47,18 +47,15 @@ DEFAULT_STALL_S = 300.0
 
 def default_algorithms() -> list[str]:
     """PyTorch's peers, then every algorithm in thinwire's registry (read when needed, so an
-    algorithm registered later is raced too)."""
-    return list(grad_sync.TORCH_ALGORITHMS) + list(collectives.names())
-
-
-# Not in the default race (each needs --sync-every): DiLoCo across nodes, thinwire's (its outer
-# exchange any thinwire algorithm) and torchft's (thinwire.local_sgd.torchft_train).
-LOCAL_SGD_ALGORITHMS = ("diloco", "torchft-diloco")
+    algorithm registered later is raced too). DiLoCo's modes are raced when named (each
+    needs --sync-every)."""
+    names = [n for mode in modes.MODES if mode.in_default_race for n in mode.algorithms()]
+    return sorted(names, key=lambda name: name not in grad_sync.TORCH_ALGORITHMS)  # stable
 
 
 def algorithm_names() -> tuple[str, ...]:
-    """Every name ``--algorithms`` takes."""
-    return grad_sync.algorithm_names() + LOCAL_SGD_ALGORITHMS
+    """Every name ``--algorithms`` takes: every mode's (thinwire.train.modes)."""
+    return modes.algorithm_names()
 
 
 DEFAULT_RATE = "200mbit"  # ddp spends most of its step on the wire here (docs/benchmarks.md)
@@ -164,8 +161,7 @@ class CompareSettings:
             extra["wire"] = "none"
         if algorithm not in collectives.sparse_wire_names():  # values in the gradient's dtype
             extra["sparse_wire"] = "fp32"
-        if algorithm == "torchft-diloco":  # torchft's recipe: one fragment, dense, no overlap
-            extra.update(outer_algorithm="allreduce", fragments=1, overlap=False)
+        extra.update(modes.mode_of(algorithm).compare_recipe)  # torchft's: its documented one
         return dataclasses.replace(
             base, algorithm=algorithm, lr=base.lr if lr is None else lr,
             seed=base.seed if seed is None else seed, progress=False, log_every=1,

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields
 
 from thinwire import collectives
 from thinwire.compress import SPARSE_WIRES, WIRE_DTYPES
-from thinwire.train import grad_sync, models, quality
+from thinwire.train import grad_sync, models, modes, quality
 
 OPTIMIZERS = ("sgd", "lars")
 AMP_MODES = ("none", "bf16", "fp16")
@@ -83,14 +83,7 @@ class TrainConfig:
         models.check_model(self.model)
         from thinwire.wavelet.schedule import check_waves
         check_waves(self.waves)
-        if self.algorithm == "diloco":
-            from thinwire.local_sgd.train_adapter import check_config
-            check_config(self)
-        elif self.algorithm == "torchft-diloco":
-            from thinwire.local_sgd.torchft_train import check_config as check_torchft
-            check_torchft(self)
-        else:
-            grad_sync.check_algorithm(self.algorithm)
+        modes.mode_of(self.algorithm).check(self)
         self.density = grad_sync.check_density(self.density)
         grad_sync.check_selector(self.selector)
         _choice("--wire", self.wire, tuple(WIRE_DTYPES))
@@ -214,8 +207,7 @@ def add_arguments(parser: argparse.ArgumentParser, exclude: tuple = ()) -> None:
     # Choices are checked in TrainConfig.validate (one message style for CLI and Python).
     a("--model", default=d.model, help=f"one of {', '.join(models.MODELS)} (default {d.model})")
     a("--algorithm", default=d.algorithm,
-      help=f"one of {', '.join(grad_sync.algorithm_names())}, diloco, torchft-diloco "
-           f"(default {d.algorithm})")
+      help=f"one of {', '.join(modes.algorithm_names())} (default {d.algorithm})")
     a("--density", type=float, default=d.density, help="top-k density for the sparse algorithms")
     a("--selector", default=d.selector, help=f"top-k selector: {', '.join(grad_sync.SELECTORS)}")
     a("--wire", default=d.wire, help=f"thinwire's algorithms: dtype of the dense parts on the "

@@ -81,9 +81,21 @@ def check_powersgd_rank(rank: int) -> int:
 
 @dataclass
 class Sync:
+    """A per-step run's synchronisation as the training loop drives it (the same methods as
+    DiLoCo's syncs, thinwire.train.modes): the hook's state, checkpoint and counters."""
     algorithm: str
     state: Any = None  # thinwire SyncState, PowerSGDState, or None (ddp, ddp-fp16)
     layouts: dict | None = None  # PowerSGD: bucket index -> its parameters (model order)
+    model: Any = None  # the DDP model the hook is registered on
+
+    def attach(self, optimizer) -> None:
+        """Nothing: the hook runs inside backward, not after the optimizer's step."""
+
+    def finish(self, stopped: bool) -> None:
+        """Nothing in flight after the last step."""
+
+    def close(self) -> None:
+        """Nothing to stop."""
 
     def state_dict(self) -> Any:
         """What a checkpoint keeps of the hook: residuals and step counts."""
@@ -219,3 +231,25 @@ def check_gloo_threads_for_powersgd(group=None) -> None:
     if isinstance(threads, int) and threads < 2:
         raise ValueError(f"powersgd on gloo needs a process group with >= 2 run-loop threads "
                          f"(PyTorch's hook blocks one in a callback), got {threads}")
+
+
+def register_sync(cfg, model: DistributedDataParallel, ranks_per_node: int | None) -> Sync:
+    """A run's (a TrainConfig's) per-step synchronisation on a DDP model, with every setting
+    of the run."""
+    return register(model, cfg.algorithm, cfg.density, cfg.selector,
+                    cfg.powersgd_rank, cfg.seed, ranks_per_node,
+                    cfg.momentum if cfg.momentum_correction else 0.0,
+                    cfg.dense_warmup_steps,
+                    cfg.weight_decay if cfg.momentum_correction else 0.0,
+                    wire=cfg.wire, sparse_wire=cfg.sparse_wire,
+                    density_warmup_steps=cfg.density_warmup_steps,
+                    density_warmup_from=cfg.density_warmup_from,
+                    powersgd_start_iter=cfg.powersgd_start_iter,
+                    algorithm_options=sync_options(cfg))
+
+
+def sync_options(cfg) -> dict | None:
+    """The chosen algorithm's own options from the run's configuration (dlcp's)."""
+    if cfg.algorithm == "dlcp":
+        return {"epsilon": cfg.dlcp_epsilon, "high_share": cfg.dlcp_high_share}
+    return None

@@ -26,11 +26,10 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from thinwire.output import check_output_path
 from thinwire.optim import LARS, param_groups, warmup_cosine, warmup_poly
-from thinwire.train import checkpoint, checkpoint_checks, data, grad_sync, models
+from thinwire.train import checkpoint, checkpoint_checks, data, models, modes
 from thinwire.train.config import TrainConfig
 from thinwire.train.metrics import Metrics, interface_tx_bytes
 
@@ -46,7 +45,7 @@ def train(cfg: TrainConfig) -> dict:
     cfg.validate()
     if cfg.waves != 1:
         raise ValueError(f"thinwire.train.loop trains one wave, got waves={cfg.waves}: "
-                         "thinwire.train.train (thinwire.train.modes) runs --waves 2")
+                         "thinwire.train.train (thinwire.train.entry) runs --waves 2")
     for path, param in ((cfg.summary, "--summary"), (cfg.metrics, "--metrics")):
         check_output_path(path, param)  # before training, not after it
     device = _device(cfg)
@@ -177,8 +176,7 @@ def _fits(cfg: TrainConfig, module: torch.nn.Module, opt, sched):
         checkpoint_checks.check_model(payload["model"], module)
         checkpoint_checks.check_optimizer(payload["optimizer"], opt)
         checkpoint_checks.check_scheduler(payload["scheduler"], sched)
-        checkpoint_checks.check_hook(payload.get("hook"), cfg.algorithm,
-                                     grad_sync.is_thinwire(cfg.algorithm), numel)
+        modes.mode_of(cfg.algorithm).check_hook(payload.get("hook"), cfg.algorithm, numel)
     return check
 
 
@@ -196,27 +194,6 @@ def setup_run(cfg: TrainConfig, rank: int, world: int, device: torch.device):
     return ds, module, steps_per_epoch, total_steps, opt, sched
 
 
-def register_sync(cfg: TrainConfig, model: DistributedDataParallel, ranks_per_node):
-    """`cfg`'s gradient synchronisation on a DDP model, with every setting of the run."""
-    return grad_sync.register(model, cfg.algorithm, cfg.density, cfg.selector,
-                              cfg.powersgd_rank, cfg.seed, ranks_per_node,
-                              cfg.momentum if cfg.momentum_correction else 0.0,
-                              cfg.dense_warmup_steps,
-                              cfg.weight_decay if cfg.momentum_correction else 0.0,
-                              wire=cfg.wire, sparse_wire=cfg.sparse_wire,
-                              density_warmup_steps=cfg.density_warmup_steps,
-                              density_warmup_from=cfg.density_warmup_from,
-                              powersgd_start_iter=cfg.powersgd_start_iter,
-                              algorithm_options=sync_options(cfg))
-
-
-def sync_options(cfg: TrainConfig) -> dict | None:
-    """The chosen algorithm's own options from the run's configuration (dlcp's)."""
-    if cfg.algorithm == "dlcp":
-        return {"epsilon": cfg.dlcp_epsilon, "high_share": cfg.dlcp_high_share}
-    return None
-
-
 def _train(cfg: TrainConfig, device: torch.device) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     ds, module, steps_per_epoch, total_steps, opt, sched = setup_run(cfg, rank, world, device)
@@ -225,21 +202,9 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
     if saved is not None:
         module.load_state_dict(saved["model"])
     device_ids = [device.index] if device.type == "cuda" else None
-    if cfg.algorithm == "diloco":  # DDP inside each node, DiLoCo across nodes
-        from thinwire.local_sgd.train_adapter import DiLoCoSync
-        from thinwire.topology import Topology
-        sync = DiLoCoSync(cfg, module, Topology.build(cfg.ranks_per_node), device_ids)
-        model = sync.model
-    elif cfg.algorithm == "torchft-diloco":  # the same, with torchft's DiLoCo across nodes
-        from thinwire.local_sgd.torchft_train import TorchftDiLoCoSync
-        from thinwire.topology import Topology
-        sync = TorchftDiLoCoSync(cfg, module, Topology.build(cfg.ranks_per_node), device_ids)
-        model = sync.model
-    else:
-        model = DistributedDataParallel(module, device_ids=device_ids)
-        sync = register_sync(cfg, model, cfg.ranks_per_node)
-    if cfg.algorithm in ("diloco", "torchft-diloco"):
-        sync.attach(opt)  # a post-step hook on opt runs the outer step
+    sync = modes.mode_of(cfg.algorithm).build(cfg, module, device_ids)
+    model = sync.model
+    sync.attach(opt)  # DiLoCo's: a post-step hook on opt runs the outer step
     scaler = torch.amp.GradScaler("cuda") if cfg.amp == "fp16" else None
     metrics = Metrics(cfg, rank, world, total_steps, steps_per_epoch)
     step, epoch, position = 0, 0, 0
@@ -301,9 +266,7 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
         if not cfg.eval_every and (epoch_done or step >= total_steps) \
                 and not metrics.stop_reason:
             run_eval()
-    if cfg.algorithm == "diloco" and not stopped:
-        sync.flush()  # an exchange in flight lands before the final evaluation (a stopped run
-        # keeps it in its checkpoint instead, to apply it at its step after the resume)
+    sync.finish(stopped)  # DiLoCo: an exchange in flight lands before the final evaluation
     tx_end = interface_tx_bytes()
     metrics.stop_timing(sync.totals(), tx_start, tx_end)
     if cfg.eval_every and not stopped and (not metrics.curve
@@ -315,8 +278,7 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
                               stopped=stopped)
     metrics.close()
     dist.barrier()
-    if cfg.algorithm == "torchft-diloco":
-        sync.close()  # torchft's managers and lighthouse stop while every rank is here
+    sync.close()  # torchft's managers and lighthouse stop while every rank is here
     return summary if rank == 0 else {}
 
 

@@ -1,58 +1,106 @@
-"""How a run's steps are driven, chosen in one place, and ``python -m thinwire.train``.
+"""How a run synchronises, one registry: every ``--algorithm`` name belongs to exactly one mode.
 
-* one wave (``thinwire.train.loop``): a step is forward, backward and the synchronisation of
-  the run's algorithm (thinwire's registry, PyTorch's peers, DiLoCo and torchft's DiLoCo
-  through their sync adapters);
-* two waves (``--waves 2``, ``thinwire.wavelet.loop``): Wavelet's tick-tock, two processes a
-  slot, one data-parallel job.
+* ``per-step``: DDP across every rank, the gradient synchronised at every step by a hook: the
+  algorithms of thinwire's registry and PyTorch's peers (``thinwire.train.grad_sync``);
+* ``diloco``: DDP inside each node, thinwire's DiLoCo across nodes every ``--sync-every`` steps
+  (``thinwire.local_sgd.train_adapter``);
+* ``torchft-diloco``: the same nodes with torchft's DiLoCo across them, the peer
+  (``thinwire.local_sgd.torchft_train``).
 
-This module sits above both loops so that neither imports the other (the wave loop builds on
-the one-wave loop's public functions).
+A mode checks a ``TrainConfig`` (``check``), builds the run's sync for a module (``build``: an
+object with ``model``, ``attach(optimizer)``, ``finish(stopped)``, ``close()``,
+``state_dict()``, ``load_state_dict()``, ``totals()``), checks a checkpoint's hook state
+(``check_hook``), and names the settings ``thinwire compare`` runs it with (``compare_recipe``).
+The training loop, the configuration, compare and the checkpoint checks ask the registry;
+none of them compares an algorithm's name with a mode's. How many waves a run has
+(``--waves``) is the other axis: ``thinwire.train.entry``.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
-from thinwire.train import loop
-from thinwire.train.config import TrainConfig, add_arguments, add_config_file, from_args
-from thinwire.wavelet import loop as wave_loop
+from torch.nn.parallel import DistributedDataParallel
 
-
-def train(cfg: TrainConfig) -> dict:
-    """Run ``cfg`` in its mode; the summary on rank 0 (an empty dict on other ranks)."""
-    cfg.validate()
-    return wave_loop.train(cfg) if cfg.waves == 2 else loop.train(cfg)
+from thinwire.train import checkpoint_checks, grad_sync
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m thinwire.train``: the same options as ``thinwire train``."""
-    parser = argparse.ArgumentParser(prog="python -m thinwire.train",
-                                     description="Train one model with one algorithm (torchrun-"
-                                                 "compatible).")
-    add_arguments(parser)
-    loop.setup_logging()
-    enable_stack_dumps()
-    try:
-        add_config_file(parser, argv)
-        args = parser.parse_args(argv)
-        train(from_args(args))
-    except (ValueError, TypeError, FileNotFoundError) as exc:
-        print(f"thinwire train: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    algorithms: Callable[[], tuple[str, ...]]  # the --algorithm names it takes (read late)
+    check: Callable[[Any], None]                # a TrainConfig with one of those names
+    build: Callable[[Any, Any, Any], Any]       # (cfg, module, device_ids) -> the run's sync
+    check_hook: Callable[[Any, str, int], None]  # (saved hook state, algorithm, numel)
+    per_step: bool                              # synchronises every step (what --waves 2 needs)
+    in_default_race: bool                       # thinwire compare races it without being asked
+    compare_recipe: dict = field(default_factory=dict)  # TrainConfig settings compare forces
 
 
-def enable_stack_dumps() -> None:
-    """SIGUSR1 writes every thread's Python stack to stderr (and the run goes on): what the
-    cluster launcher asks of a run it stops as stalled (`thinwire compare --stall-timeout`),
-    and what a user can ask of a rank that seems stuck (`kill -USR1 PID`)."""
-    import faulthandler
-    import io
-    import signal
+def _check_per_step(cfg) -> None:
+    grad_sync.check_algorithm(cfg.algorithm)
 
-    try:
-        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
-    except (AttributeError, ValueError, io.UnsupportedOperation):
-        pass  # stderr is no file (main() called in-process, output captured): nothing to dump to
+
+def _build_per_step(cfg, module, device_ids):
+    model = DistributedDataParallel(module, device_ids=device_ids)
+    sync = grad_sync.register_sync(cfg, model, cfg.ranks_per_node)
+    sync.model = model
+    return sync
+
+
+def _check_diloco(cfg) -> None:
+    from thinwire.local_sgd.train_adapter import check_config
+
+    check_config(cfg)
+
+
+def _build_diloco(cfg, module, device_ids):
+    from thinwire.local_sgd.train_adapter import DiLoCoSync
+    from thinwire.topology import Topology
+
+    return DiLoCoSync(cfg, module, Topology.build(cfg.ranks_per_node), device_ids)
+
+
+def _check_torchft(cfg) -> None:
+    from thinwire.local_sgd.torchft_train import check_config
+
+    check_config(cfg)
+
+
+def _build_torchft(cfg, module, device_ids):
+    from thinwire.local_sgd.torchft_train import TorchftDiLoCoSync
+    from thinwire.topology import Topology
+
+    return TorchftDiLoCoSync(cfg, module, Topology.build(cfg.ranks_per_node), device_ids)
+
+
+def _check_no_hook_state(saved, algorithm: str, numel: int) -> None:
+    checkpoint_checks.check_no_hook(saved, algorithm)
+
+
+PER_STEP = Mode("per-step", grad_sync.algorithm_names, _check_per_step, _build_per_step,
+                checkpoint_checks.check_per_step_hook, per_step=True, in_default_race=True)
+DILOCO = Mode("diloco", lambda: ("diloco",), _check_diloco, _build_diloco,
+              checkpoint_checks.check_diloco_hook, per_step=False, in_default_race=False)
+# torchft's recipe as its docs deploy it: one fragment, dense, no overlap
+TORCHFT_DILOCO = Mode("torchft-diloco", lambda: ("torchft-diloco",), _check_torchft,
+                      _build_torchft, _check_no_hook_state, per_step=False,
+                      in_default_race=False,
+                      compare_recipe={"outer_algorithm": "allreduce", "fragments": 1,
+                                      "overlap": False})
+MODES = (PER_STEP, DILOCO, TORCHFT_DILOCO)
+
+
+def algorithm_names() -> tuple[str, ...]:
+    """Every name ``--algorithm`` takes, mode by mode."""
+    return tuple(name for mode in MODES for name in mode.algorithms())
+
+
+def mode_of(algorithm: str) -> Mode:
+    """The mode an ``--algorithm`` name belongs to; a clear error for an unknown name."""
+    for mode in MODES:
+        if algorithm in mode.algorithms():
+            return mode
+    raise ValueError(f"--algorithm must be one of {', '.join(algorithm_names())}, "
+                     f"got {algorithm!r}")

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from thinwire.output import check_output_path, write_json_atomic
-from thinwire.train import data, loop, models
+from thinwire.train import data, grad_sync, loop, models
 from thinwire.train.config import TrainConfig
 from thinwire.wavelet import memory
 from thinwire.wavelet.schedule import TickTock, Wave, check_train_config
@@ -121,7 +121,7 @@ def _train(cfg: TrainConfig, wave: Wave) -> dict:
     ds, module, _, total_steps, opt, sched = loop.setup_run(cfg, rank, world, device)
     estimate = _check_memory(cfg, wave, module, ds, opt, device)
     model = DistributedDataParallel(module)
-    sync = loop.register_sync(cfg, model, wave.local_world)
+    sync = grad_sync.register_sync(cfg, model, wave.local_world)
     ticktock = TickTock(wave, turn=cfg.wave_turn)
     ticktock.attach(module)
     node_memory = memory.NodeMemory() if wave.local_rank == 0 else None

@@ -63,9 +63,13 @@ def check_train_config(cfg) -> None:
     can run, refused by option name otherwise."""
     check_waves(cfg.waves)
     check_turn(cfg.wave_turn, "--wave-turn")
-    if cfg.algorithm == "diloco":
-        raise ValueError("--algorithm diloco is not supported with --waves 2 (allowed: a "
-                         "gradient-sync algorithm; the two waves are one data-parallel job)")
+    from thinwire.train import modes
+
+    if not modes.mode_of(cfg.algorithm).per_step:
+        raise ValueError(f"--algorithm {cfg.algorithm} is not supported with --waves 2 "
+                         f"(allowed: a per-step algorithm, one of "
+                         f"{', '.join(modes.PER_STEP.algorithms())}; the two waves are one "
+                         f"data-parallel job)")
     for name, default in UNSUPPORTED.items():
         if getattr(cfg, name) != default:
             raise ValueError(f"--{name.replace('_', '-')} is not supported with --waves 2 "
