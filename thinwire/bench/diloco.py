@@ -29,6 +29,11 @@ def run(spec, configs, steps: int, batch: int, density: float, eval_every: int,
         target_bits: float | None, model: str = "transformer", lr: float = 3e-3,
         outer_density: float | None = None, timeout_s: float = 3600,
         sparse: dict | None = None) -> dict:
+    from thinwire.bench.diloco_worker import check_config_name
+
+    for name in configs:  # before anything launches
+        if name not in ("ddp", "hitopk"):
+            check_config_name(name)
     args = ["--model", model, "--steps", str(steps), "--batch", str(batch),
             "--density", str(density), "--eval-every", str(eval_every), "--lr", str(lr)]
     if outer_density is not None:

@@ -49,6 +49,34 @@ def _held_out(model, dataset, blocks: int) -> float:
     return float(loss) / math.log(2)
 
 
+# The outer step of each DiLoCo configuration of the benchmark (name DILOCO-KIND-H):
+# (DiLoCo's algorithm settings, outer learning rate, outer momentum).
+OUTER_RECIPES = {
+    "diloco": lambda args: (dict(algorithm="hier_allreduce"), args.outer_lr,
+                            args.outer_momentum),
+    # chunked top-k, quantised, decayed error feedback
+    "diloco-sparseloco": lambda args: (
+        dict(algorithm="sparseloco", density=args.sparse_density,
+             sync_options={"chunk": args.chunk, "decay": args.ef_decay,
+                           "bits": args.bits or None}),
+        args.sparse_outer_lr, args.sparse_outer_momentum),
+    # one exchange every H steps: compress every bucket, however small
+    "diloco-hitopk": lambda args: (
+        dict(algorithm="hitopk", density=args.outer_density or args.density,
+             sync_options={"dense_below_bytes": 0}),
+        args.outer_lr, args.outer_momentum),
+}
+
+
+def check_config_name(name: str) -> tuple[str, int]:
+    """A DiLoCo configuration's (recipe, H); a clear error naming the allowed ones."""
+    kind, _, h = name.rpartition("-")
+    if kind not in OUTER_RECIPES or not h.isdigit() or int(h) < 1:
+        raise ValueError(f"--configs: unknown configuration {name!r}; allowed: ddp, hitopk, "
+                         f"{', '.join(k + '-H' for k in OUTER_RECIPES)} (H an integer >= 1)")
+    return kind, int(h)
+
+
 def _build(name: str, args, topo: Topology, intra):
     """(model to train, inner optimizer, DiLoCo or None, SyncState that counts the bytes)."""
     net = models.build(args.model, seed=0)
@@ -57,22 +85,11 @@ def _build(name: str, args, topo: Topology, intra):
         algorithm = "allreduce" if name == "ddp" else "hitopk"
         state = thinwire.ddp.register(model, algorithm, density=args.density, topology=topo)
         return model, torch.optim.AdamW(model.parameters(), lr=args.lr), None, state
-    kind, h = name.rsplit("-", 1)
+    kind, h = check_config_name(name)
     model = DDP(net, process_group=intra)
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    lr, momentum = args.outer_lr, args.outer_momentum
-    if kind == "diloco":
-        outer = dict(algorithm="hier_allreduce")
-    elif kind == "diloco-sparseloco":  # chunked top-k, quantised, decayed error feedback
-        outer = dict(algorithm="sparseloco", density=args.sparse_density,
-                     sync_options={"chunk": args.chunk, "decay": args.ef_decay,
-                                   "bits": args.bits or None})
-        lr, momentum = args.sparse_outer_lr, args.sparse_outer_momentum
-    else:
-        outer = dict(algorithm="hitopk", density=args.outer_density or args.density,
-                     # one exchange every H steps: compress every bucket, however small
-                     sync_options={"dense_below_bytes": 0})
-    diloco = DiLoCo(model, inner, sync_every=int(h), outer_lr=lr, outer_momentum=momentum,
+    outer, lr, momentum = OUTER_RECIPES[kind](args)
+    diloco = DiLoCo(model, inner, sync_every=h, outer_lr=lr, outer_momentum=momentum,
                     topology=topo, **outer)
     return model, inner, diloco, diloco.state
 
