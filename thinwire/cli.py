@@ -21,7 +21,7 @@ COMMAND_MODULES = [
     "thinwire.sim.cli",
     "thinwire.data.cli",
     "thinwire.recsys.cli",
-    "thinwire.pipeline.cli",
+    "thinwire.train.pipeline.cli",
 ]
 
 

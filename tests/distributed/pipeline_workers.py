@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from thinwire.pipeline import engine
 from thinwire.pipeline.config import PipelineConfig
+from thinwire.train.pipeline.data import load
+
+
+def _train(cfg: PipelineConfig) -> dict:
+    return engine.train_stage(cfg, load(cfg))
 
 
 def train_each_schedule(rank: int, world: int, configs: list[dict]) -> list[dict]:
@@ -11,7 +16,7 @@ def train_each_schedule(rank: int, world: int, configs: list[dict]) -> list[dict
     parameters and summary come back to the test."""
     results = []
     for kwargs in configs:
-        summary = engine.train_stage(PipelineConfig(**kwargs))
+        summary = _train(PipelineConfig(**kwargs))
         results.append({"params": summary["params"], "delay": summary["delay"],
                         "test_accuracy": summary["test_accuracy"],
                         "train_loss": summary["train_loss"],
@@ -20,12 +25,12 @@ def train_each_schedule(rank: int, world: int, configs: list[dict]) -> list[dict
 
 
 def train_once(rank: int, world: int, kwargs: dict) -> dict:
-    return engine.train_stage(PipelineConfig(**kwargs))
+    return _train(PipelineConfig(**kwargs))
 
 
 def train_ticktock(rank: int, world: int, kwargs: dict) -> dict:
     """One ``ticktock`` run: both copies this rank holds (tick partition = rank, tock partition
     = world - 1 - rank) come back to the test."""
-    summary = engine.train_stage(PipelineConfig(**kwargs))
+    summary = _train(PipelineConfig(**kwargs))
     return {k: summary[k] for k in ("params", "tock_params", "tock_partition", "test_accuracy",
                                     "train_loss", "events")}

@@ -9,6 +9,7 @@ import torch
 from harness import run_ranks
 from thinwire.pipeline.config import PipelineConfig
 from thinwire.pipeline.emulate import emulate
+from thinwire.train.pipeline.data import load
 
 BASE = dict(stages=3, hidden=[16, 12], train_samples=18, lr=0.05, momentum=0.9,
             dtype="float64", timeout_s=120)
@@ -23,7 +24,8 @@ CONFIGS = [
 def test_engine_equals_emulation():
     by_rank = run_ranks(_fn(), 3, CONFIGS)
     for k, kwargs in enumerate(CONFIGS):
-        want = emulate(PipelineConfig(**kwargs))
+        cfg = PipelineConfig(**kwargs)
+        want = emulate(cfg, load(cfg))
         for s, worker in enumerate(want["workers"]):
             got = by_rank[s][k]
             assert got["delay"] == worker.opt.delay
@@ -44,3 +46,18 @@ def _fn(name: str = "train_each_schedule"):
     import pipeline_workers
 
     return getattr(pipeline_workers, name)
+
+
+def test_the_command_launches_one_rank_per_stage(tmp_path):
+    """`thinwire pipeline train` end to end on loopback: its torchruns start the application's
+    rank entry (python -m thinwire.train.pipeline), which writes results.json and the timeline."""
+    import json
+
+    from thinwire.cli import main
+
+    out = tmp_path / "run"
+    assert main(["pipeline", "train", "--stages", "2", "--train-samples", "64", "--epochs", "1",
+                 "--schedule", "gpipe", "--group", "4", "--out", str(out)]) == 0
+    result = json.loads((out / "results.json").read_text())
+    assert result["schedule"] == "gpipe" and result["stages"] == 2 and result["samples"] == 64
+    assert (out / "timeline.png").is_file()

@@ -10,7 +10,8 @@ import torch
 from torch.nn import functional as F
 
 from harness import run_ranks
-from thinwire.pipeline.config import DTYPES, PipelineConfig, Stream, build_stages, load
+from thinwire.pipeline.config import DTYPES, PipelineConfig, Stream, build_stages
+from thinwire.train.pipeline.data import load
 from thinwire.pipeline.split import mlp
 
 BASE = dict(schedule="ticktock", hidden=[16, 12, 10], micro_batch=3, train_samples=48, lr=0.05,

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from thinwire.pipeline import schedules, split
-from thinwire.pipeline.config import PipelineConfig, Stream, load, scale_for_batch_one
+from thinwire.pipeline.config import PipelineConfig, Stream, scale_for_batch_one
+from thinwire.train.pipeline.data import load
 from thinwire.pipeline.emulate import emulate
 from thinwire.pipeline.optim import StageSGD
 from thinwire.pipeline.stage import StageWorker
@@ -150,7 +151,7 @@ def _params(result) -> list[torch.Tensor]:
 def test_flushed_schedules_equal_single_process_training_with_the_same_batch(schedule):
     cfg = PipelineConfig(schedule=schedule, stages=3, hidden=[16, 12, 8], micro_batch=4, group=3,
                          train_samples=48, epochs=2, lr=0.1, momentum=0.9, dtype="float64")
-    got = _params(emulate(cfg))
+    got = _params(emulate(cfg, load(cfg)))
     want = _plain_sgd(cfg, batch_of=3)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
@@ -159,15 +160,17 @@ def test_flushed_schedules_equal_single_process_training_with_the_same_batch(sch
 def test_gpipe_and_1f1b_are_bitwise_equal():
     kw = dict(stages=4, hidden=[16, 12, 8], micro_batch=2, group=4, train_samples=32,
               dtype="float32")
-    a = _params(emulate(PipelineConfig(schedule="gpipe", **kw)))
-    b = _params(emulate(PipelineConfig(schedule="1f1b", **kw)))
+    gpipe = PipelineConfig(schedule="gpipe", **kw)
+    one_f_one_b = PipelineConfig(schedule="1f1b", **kw)
+    a = _params(emulate(gpipe, load(gpipe)))
+    b = _params(emulate(one_f_one_b, load(one_f_one_b)))
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 def test_pb_on_one_stage_is_sgd_at_the_micro_batch():
     cfg = PipelineConfig(schedule="pb", stages=1, hidden=[], micro_batch=3, train_samples=30,
                          lr=0.1, momentum=0.9, dtype="float64")
-    got = _params(emulate(cfg))
+    got = _params(emulate(cfg, load(cfg)))
     for a, b in zip(got, _plain_sgd(cfg, batch_of=1)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
@@ -194,7 +197,7 @@ def test_batch_one_scaling_rule():
 def test_bad_input_is_refused_clearly(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
                        .replace("[", r"\[")):
-        emulate(PipelineConfig(train_samples=8, **kwargs))
+        emulate(PipelineConfig(train_samples=8, **kwargs), load(PipelineConfig()))
 
 
 def test_split_checks_its_arguments():

@@ -94,4 +94,4 @@ def test_schedule_arguments_are_checked():
 
 def test_emulation_refuses_ticktock():
     with pytest.raises(ValueError, match="multi-process engine only"):
-        emulate(PipelineConfig(schedule="ticktock", stages=2, hidden=[8], train_samples=8))
+        emulate(PipelineConfig(schedule="ticktock", stages=2, hidden=[8], train_samples=8), None)

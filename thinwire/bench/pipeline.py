@@ -33,7 +33,7 @@ THROUGHPUT_COLUMNS = ("schedule", "micro_batch", "group", "samples", "samples_pe
 def accuracy(args) -> dict:
     import torch
 
-    from thinwire.pipeline.study import accuracy_study
+    from thinwire.bench.pipeline_study import accuracy_study
 
     torch.set_num_threads(1)
     rows = accuracy_study(args.dataset, _ints(args.hidden), args.stages, args.epochs, args.batch,

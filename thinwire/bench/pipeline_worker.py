@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 from thinwire.bench.report import write_json_atomic
 from thinwire.pipeline import config, engine, stage_io, timeline
-from thinwire.pipeline.run import summarise
+from thinwire.train.pipeline.data import load
+from thinwire.train.pipeline.run import summarise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     results, shown = [], []
     for repeat in range(args.repeats):
         for cfg in cfgs:  # interleaved, so that load drifts hit every schedule alike
-            stages = stage_io.gather(engine.train_stage(cfg) | {"params": None})
+            stages = stage_io.gather(engine.train_stage(cfg, load(cfg)) | {"params": None})
             if dist.get_rank() == 0:
                 results.append(summarise(cfg, stages) | {"repeat": repeat})
                 if repeat == args.repeats - 1:

@@ -68,13 +68,6 @@ class PipelineConfig:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
 
 
-def load(cfg: PipelineConfig):
-    from thinwire.train import data
-
-    ds = data.digits() if cfg.dataset == "digits" else data.mnist5k()
-    return ds
-
-
 class Stream:
     """Micro-batch i of the run: epochs of a seeded permutation, cut into micro-batches of m
     (a remainder at the end of an epoch is skipped). Every rank builds the same stream."""

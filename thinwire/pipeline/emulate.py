@@ -15,8 +15,7 @@ import time
 import torch
 
 from thinwire.pipeline import schedules
-from thinwire.pipeline.config import (DTYPES, PipelineConfig, Stream, build_stages, load,
-                                      optimizer_args)
+from thinwire.pipeline.config import DTYPES, PipelineConfig, Stream, build_stages, optimizer_args
 from thinwire.pipeline.stage import StageWorker
 
 log = logging.getLogger(__name__)
@@ -81,13 +80,13 @@ def evaluate(workers: list[StageWorker], x: torch.Tensor, y: torch.Tensor,
     return correct / max(1, x.shape[0])
 
 
-def emulate(cfg: PipelineConfig) -> dict:
-    """Train as the engine would, in this process; returns the summary and the workers."""
+def emulate(cfg: PipelineConfig, ds) -> dict:
+    """Train as the engine would on data set ``ds``, in this process; returns the summary and
+    the workers."""
     cfg.validate()
     if cfg.schedule == "ticktock":
         raise ValueError("schedule 'ticktock' runs on the multi-process engine only (two "
                          "partitions per rank); it computes what gpipe with the same M does")
-    ds = load(cfg)
     dtype = DTYPES[cfg.dtype]
     stream = Stream(cfg, len(ds))
     stages = build_stages(cfg, ds.train_x[0].numel(), ds.classes)

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from thinwire.pipeline import schedules, ticktock_engine
-from thinwire.pipeline.config import DTYPES, PipelineConfig, Stream, build_stages, load, optimizer_args
+from thinwire.pipeline.config import DTYPES, PipelineConfig, Stream, build_stages, optimizer_args
 from thinwire.pipeline.stage import StageWorker
 from thinwire.pipeline.stage_io import (TAG_ACTIVATION, TAG_GRADIENT, Sender,
                                         activation_shapes, evaluate, init, warm_up)
@@ -25,15 +25,16 @@ from thinwire.pipeline.stage_io import (TAG_ACTIVATION, TAG_GRADIENT, Sender,
 log = logging.getLogger(__name__)
 
 
-def train_stage(cfg: PipelineConfig) -> dict:
-    """This rank's part of the run: trains its stage, then the pipelined evaluation. Returns
-    the stage's summary (timings, events, final parameters; test accuracy on the last stage)."""
+def train_stage(cfg: PipelineConfig, ds) -> dict:
+    """This rank's part of the run on data set ``ds`` (``train_x``/``train_y``/``test_x``/
+    ``test_y``/``classes``; the same on every rank): trains its stage, then the pipelined
+    evaluation. Returns the stage's summary (timings, events, final parameters; test accuracy
+    on the last stage)."""
     cfg.validate()
     if cfg.schedule == "ticktock":  # two partitions per rank: Wavelet's own loop
-        return ticktock_engine.train_stage(cfg)
+        return ticktock_engine.train_stage(cfg, ds)
     s, S = init(cfg)
     dtype = DTYPES[cfg.dtype]
-    ds = load(cfg)
     stream = Stream(cfg, len(ds))
     stages = build_stages(cfg, ds.train_x[0].numel(), ds.classes)
     shapes = activation_shapes(stages, ds.train_x[:cfg.micro_batch].to(dtype))

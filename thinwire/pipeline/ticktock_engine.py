@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from thinwire.pipeline import stage_io
 from thinwire.pipeline import ticktock as tt
-from thinwire.pipeline.config import DTYPES, PipelineConfig, Stream, build_stages, load, optimizer_args
+from thinwire.pipeline.config import DTYPES, PipelineConfig, Stream, build_stages, optimizer_args
 from thinwire.pipeline.stage import StageWorker
 
 log = logging.getLogger(__name__)
@@ -35,13 +35,12 @@ TAGS = {(tt.TICK, "F"): 1, (tt.TICK, "B"): 2, (tt.TOCK, "F"): 11, (tt.TOCK, "B")
 TAG_EXCHANGE = 20  # + the partition: each copy's gradient sum on its own tag
 
 
-def train_stage(cfg: PipelineConfig) -> dict:
+def train_stage(cfg: PipelineConfig, ds) -> dict:
     """This rank's part of a ``ticktock`` run (the engine's ``train_stage`` contract: the same
     summary keys; ``params`` are the tick partition's, ``tock_params`` the tock copy's)."""
     cfg.validate()
     r, S = stage_io.init(cfg)
     dtype = DTYPES[cfg.dtype]
-    ds = load(cfg)
     stream = Stream(cfg, len(ds))
     stages = build_stages(cfg, ds.train_x[0].numel(), ds.classes)
     shapes = stage_io.activation_shapes(stages, ds.train_x[:cfg.micro_batch].to(dtype))

@@ -1,4 +1,4 @@
-"""``python -m thinwire.pipeline train ...``: what torchrun starts on every rank."""
+"""``python -m thinwire.train.pipeline train ...``: what torchrun starts on every rank."""
 
 import sys
 

@@ -10,8 +10,9 @@ import time
 import torch
 
 from thinwire.pipeline import split
-from thinwire.pipeline.config import DTYPES, PipelineConfig, Stream, load, scale_for_batch_one
+from thinwire.pipeline.config import DTYPES, PipelineConfig, Stream, scale_for_batch_one
 from thinwire.pipeline.emulate import emulate
+from thinwire.train.pipeline.data import load
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ def accuracy_study(dataset: str, hidden: list[int], stages: int, epochs: int, ba
             cfg = PipelineConfig(**{**base.__dict__, "sc": "sc" in parts,
                                     "lwp": "lwp" in parts or "lwp-w" in parts,
                                     "lwp_form": "weights" if "lwp-w" in parts else "velocity"})
-            r = emulate(cfg)
+            r = emulate(cfg, load(cfg))
             rows.append({"run": f"pb batch 1 {variant}", "schedule": "pb", "sc": cfg.sc,
                          "lwp": cfg.lwp, "batch": 1, "lr": lr1, "momentum": m1,
                          "samples": r["samples"], "train_loss": r["train_loss"],

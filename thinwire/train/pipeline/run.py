@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from thinwire.pipeline import engine, stage_io, timeline
 from thinwire.pipeline.config import PipelineConfig
+from thinwire.train.pipeline.data import load
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def summarise(cfg: PipelineConfig, stages: list[dict]) -> dict:
 def main(cfg: PipelineConfig) -> dict | None:
     from thinwire.output import write_json_atomic
 
-    summary = engine.train_stage(cfg)
+    summary = engine.train_stage(cfg, load(cfg))
     stages = stage_io.gather({k: v for k, v in summary.items() if k != "params"})
     result = None
     if dist.get_rank() == 0:

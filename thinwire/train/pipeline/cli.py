@@ -2,7 +2,7 @@
 node of the emulated cluster) and print per-stage utilisation, samples/s and accuracy.
 
 Under torchrun (``RANK`` set) the same command is one rank of the run, so any launcher works:
-``thinwire cluster run --nodes 4 [cluster options] -- -m thinwire.pipeline train ...`` passes
+``thinwire cluster run --nodes 4 [cluster options] -- -m thinwire.train.pipeline train ...`` passes
 every option of the emulated cluster (e.g. per-node CPU limits where the cluster has them).
 """
 
@@ -21,7 +21,7 @@ from thinwire.pipeline import config
 def _cmd_train(args: argparse.Namespace) -> int:
     cfg = config.from_args(args)
     if "RANK" in os.environ:  # one rank of a launched run
-        from thinwire.pipeline.run import main
+        from thinwire.train.pipeline.run import main
 
         main(cfg)
         return 0
@@ -43,7 +43,7 @@ def launch(cfg: config.PipelineConfig, args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     with tempfile.TemporaryDirectory(prefix="thinwire-pipeline-") as scratch:
         cfg.out = str(Path(cfg.out).resolve()) if cfg.out else scratch
-        argv = ["-m", "thinwire.pipeline", "train"] + config.to_argv(cfg)
+        argv = ["-m", "thinwire.train.pipeline", "train"] + config.to_argv(cfg)
         status = run(spec, argv, timeout_s=cfg.timeout_s)
         if status != 0:
             print(f"thinwire: pipeline run failed with status {status}", file=sys.stderr)
