@@ -70,13 +70,13 @@ def _pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
     per_byte = 8 // bits
     flat = torch.cat([flat, flat.new_zeros((-flat.numel()) % per_byte)])
     grouped = flat.view(-1, per_byte).to(torch.int32)
-    shifts = torch.arange(per_byte, dtype=torch.int32) * bits
+    shifts = torch.arange(per_byte, dtype=torch.int32, device=codes.device) * bits
     return (grouped << shifts).sum(dim=1).to(torch.uint8)
 
 
 def _unpack_bits(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     per_byte = 8 // bits
-    shifts = torch.arange(per_byte, dtype=torch.int32) * bits
+    shifts = torch.arange(per_byte, dtype=torch.int32, device=packed.device) * bits
     codes = (packed.to(torch.int32)[:, None] >> shifts) & ((1 << bits) - 1)
     return codes.reshape(-1)[:count].to(torch.uint8)
 
