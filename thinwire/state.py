@@ -63,7 +63,8 @@ class SyncState:
       sparse algorithms that take it (``Algorithm.sparse_wire``); the rounding error stays in
       the error-feedback residual. Their indices are always coded narrow (exact; compress.py);
     * ``error_feedback``: keep what top-k did not send (sparse algorithms);
-    * ``dense_below_bytes``: sparse algorithms all-reduce smaller buckets densely;
+    * ``dense_below_bytes``: buckets smaller than this are all-reduced densely, whichever
+      sparse algorithm (here, once: no algorithm file repeats it);
     * ``momentum_correction``: DGC's momentum in the hook (sparse, with error feedback); the
       optimizer then runs without momentum;
     * ``dense_iterations``: the first N steps are all-reduced densely (a warm-up);
@@ -184,6 +185,9 @@ class SyncState:
         if self.steps < self.dense_iterations:
             return self.feedback.dense_momentum(bucket_index, dense_allreduce(self, flat))
         algorithm = collectives.get(self.algorithm)
+        if algorithm.sparse and flat.numel() * flat.element_size() < self.dense_below_bytes:
+            # a small bucket is latency-bound: every sparse algorithm all-reduces it densely
+            return self.feedback.dense_momentum(bucket_index, dense_allreduce(self, flat))
         density = self.density_at(self.steps)
         if density == self.compressor.density:
             return algorithm.reduce(self, bucket_index, flat)

@@ -15,7 +15,8 @@ def dlcp_and_topk_allgather(rank, world, lengths, steps, density, dlcp_options):
     topology = Topology.build(ranks_per_node=1)
     out = {}
     for algorithm, options in (("topk_allgather", None), ("dlcp", dlcp_options)):
-        state = SyncState(topology, algorithm, density, "exact", algorithm_options=options)
+        state = SyncState(topology, algorithm, density, "exact", algorithm_options=options,
+                          dense_below_bytes=0)  # small buckets through the protocol too
         results, residuals, counters = [], [], []
         for step in range(steps):
             grads = gradient(rank, step, sum(lengths)).split(lengths)
@@ -48,7 +49,8 @@ def dlcp_with_loss(rank, world, length, steps, density):
 
     topology = Topology.build(ranks_per_node=1)
     options = {"deadline_s": 0.05}
-    state = SyncState(topology, "dlcp", density, "exact", algorithm_options=options)
+    state = SyncState(topology, "dlcp", density, "exact", algorithm_options=options,
+                      dense_below_bytes=0)  # small buckets through the protocol too
     key = (id(topology.world), tuple(sorted(state.algorithm_options.items())))
     dlcp._TRANSPORTS[key] = (topology.world, open_transport(
         topology.world, timeout_s=60, drop=_Loss(rank), **state.algorithm_options))

@@ -333,3 +333,16 @@ def test_density_warmup_matches_the_reference_step_by_step(algorithm):
         torch.testing.assert_close(applied + refs[i].held_back(length), raw, rtol=0, atol=1e-10)
         held = held_back_by_ranks(results, i, length, algorithm, len(LENGTHS))
         torch.testing.assert_close(held, refs[i].held_back(length), rtol=0, atol=1e-12)
+
+
+def test_every_sparse_algorithm_all_reduces_a_small_bucket_densely():
+    """dense_below_bytes is SyncState's, applied once for every sparse algorithm (topk_allgather
+    and dlcp used to select top-k of a 800-byte bucket anyway)."""
+    sparse = list(collectives.sparse_names())
+    length, world = 100, 4
+    results = run_ranks(workers.small_bucket_sync, world, 2, sparse, length)
+    want = sum(gradient(r, 0, length) for r in range(world)) / world
+    for result in results:
+        for name in sparse:
+            got, _ = result[name]
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=name)

@@ -242,3 +242,17 @@ def reduce_keeps_input(rank, world, ranks_per_node, algorithms, densities, lengt
             state.end_step()
             out[(algorithm, density)] = kept
     return out
+
+
+def small_bucket_sync(rank, world, ranks_per_node, algorithms, length):
+    """One bucket of ``length`` float64 elements (under the default dense_below_bytes) through
+    each sparse algorithm at density 0.01: SyncState all-reduces it densely, whichever."""
+    topo = Topology.build(ranks_per_node)
+    out = {}
+    for algorithm in algorithms:
+        state = SyncState(topo, algorithm, 0.01, selector="exact")
+        p = nn.Parameter(torch.zeros(length, dtype=torch.float64))
+        p.grad = gradient(rank, 0, length).clone()
+        thinwire.synchronize([p], state)
+        out[algorithm] = (p.grad.clone(), dict(state.last_step))
+    return out

@@ -55,9 +55,15 @@ def test_a_registered_algorithm_is_reachable_without_other_edits(dummy):
     assert ident["algorithm"] == "dummy_sparse" and ident["density"] == 0.2
     assert ident["dense_warmup_steps"] == 3
     # the simulator
-    cost = bucket_cost(AlgorithmConfig("dummy_sparse"), Cluster(2, 2), network("cloud-25g"), 1000,
-                       SparseRates(1e9, 1e9))
+    cost = bucket_cost(AlgorithmConfig("dummy_sparse", dense_below_bytes=0), Cluster(2, 2),
+                       network("cloud-25g"), 1000, SparseRates(1e9, 1e9))
     assert cost.comm_s == 1.5 and cost.inter_bytes == 1000.0
+    # ... and, like every sparse algorithm, all-reduces a small bucket densely (no code of its own)
+    small = bucket_cost(AlgorithmConfig("dummy_sparse"), Cluster(2, 2), network("cloud-25g"),
+                        1000, SparseRates(1e9, 1e9))
+    dense = bucket_cost(AlgorithmConfig("allreduce"), Cluster(2, 2), network("cloud-25g"), 1000,
+                        SparseRates(1e9, 1e9))
+    assert small == dense
     # SyncState takes the sparse settings
     assert SyncState(None, "dummy_sparse", momentum_correction=0.9).feedback.enabled
     # compare and bench sync offer it by default

@@ -1,8 +1,8 @@
 """HiTopKComm (PAPERS.md 1b): dense reduce-scatter inside the node, error feedback and top-k on
 this rank's shard, sparse all-gather among the ranks sharing this local rank (the only step on
 the slow links, all n NICs of a node busy in parallel), index_add, divide by W, and the result
-back to every rank of the node. Buckets under ``state.dense_below_bytes`` are all-reduced
-densely.
+back to every rank of the node. (Buckets under ``state.dense_below_bytes`` never get here:
+``SyncState.reduce`` all-reduces them densely for every sparse algorithm.)
 
 The last step, inside the node, is sparse whenever that is smaller: the node's ranks all-gather
 the packed selections they received from the other nodes (m blocks of k entries each, the bytes
@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 from thinwire.collectives import costs, traffic
-from thinwire.collectives.primitives import (dense_allreduce, padded, reduce_scatter,
-                                              select_and_allgather, sum_blocks)
+from thinwire.collectives.primitives import (padded, reduce_scatter, select_and_allgather,
+                                              sum_blocks)
 from thinwire.collectives.registry import Algorithm, register
 from thinwire.compress import packed_bytes, to_wire
 
@@ -37,8 +37,6 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
         warnings.warn("hitopk on a single node: its intra-node phases stay dense and nothing "
                       "crosses a slow link, so it saves no time over allreduce (it is for "
                       "several nodes)", RuntimeWarning, stacklevel=2)
-    if flat.numel() * flat.element_size() < state.dense_below_bytes:
-        return state.feedback.dense_momentum(bucket_index, dense_allreduce(state, flat))
     topo = state.topology
     n, m = topo.ranks_per_node, topo.nodes
     full = to_wire(flat, state.wire_dtype)
@@ -79,10 +77,6 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
 
 
 def cost(cfg, cluster, net, elements: int, rates) -> costs.BucketCost:
-    if elements * costs.GRAD_ELEMENT_SIZE < cfg.dense_below_bytes:
-        w = cluster.world_size
-        return costs.world_ring(cluster, net, 2 * (w - 1), traffic.world_allreduce, elements,
-                                cfg.wire_size)
     n, m, size = cluster.ranks_per_node, cluster.nodes, cfg.wire_size
     full = costs.padded_length(elements, n)
     value_dtype = costs.sparse_value_dtype(cfg)

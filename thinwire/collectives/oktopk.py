@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from thinwire.collectives import costs, traffic
-from thinwire.collectives.primitives import dense_allreduce, sparse_alltoall, sum_sparse
+from thinwire.collectives.primitives import sparse_alltoall, sum_sparse
 from thinwire.collectives.registry import Algorithm, register
 from thinwire.topk import entries_at_least
 
@@ -128,8 +128,6 @@ def _allgatherv(state, values: torch.Tensor, indices: torch.Tensor, numel: int, 
 
 
 def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
-    if flat.numel() * flat.element_size() < state.dense_below_bytes:
-        return state.feedback.dense_momentum(bucket_index, dense_allreduce(state, flat))
     topo = state.topology
     p, d, rank = topo.world_size, flat.numel(), topo.rank
     options = state.algorithm_options
@@ -203,9 +201,6 @@ def cost(cfg, cluster, net, elements: int, rates) -> costs.BucketCost:
     """Steady state with ideally balanced regions (k/P selected entries per region and rank,
     k/P globally selected per owner), plus the periodic work amortised over its period."""
     w = cluster.world_size
-    if elements * costs.GRAD_ELEMENT_SIZE < cfg.dense_below_bytes:
-        return costs.world_ring(cluster, net, 2 * (w - 1), traffic.world_allreduce, elements,
-                                cfg.wire_size)
     k = costs.sparse_block(elements, cfg.density)[0]
     share = costs.sparse_block(elements, min(1.0, k / w / elements))[1]  # k/P entries
     total = costs.world_ring(cluster, net, w - 1, traffic.world_alltoall, share)  # reduce

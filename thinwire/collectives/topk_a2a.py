@@ -10,7 +10,8 @@ and divides by P; a dense all-gather of the shards (in ``state.wire_dtype``) giv
 average. Per rank that is ``2 k (P-1)/P`` sparse entries and ``d (P-1)/P`` dense ones.
 
 The name means this flat variant (one all-to-all among all ranks); no hierarchical variant is
-implemented. Buckets under ``state.dense_below_bytes`` are all-reduced densely.
+implemented. (Buckets under ``state.dense_below_bytes`` are all-reduced densely by
+``SyncState.reduce``, for every sparse algorithm.)
 """
 
 from __future__ import annotations
@@ -19,15 +20,12 @@ import torch
 import torch.distributed as dist
 
 from thinwire.collectives import costs, traffic
-from thinwire.collectives.primitives import (dense_allreduce, padded, sparse_alltoall,
-                                             sum_sparse)
+from thinwire.collectives.primitives import padded, sparse_alltoall, sum_sparse
 from thinwire.collectives.registry import Algorithm, register
 from thinwire.compress import packed_bytes, to_sparse_wire, to_wire
 
 
 def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
-    if flat.numel() * flat.element_size() < state.dense_below_bytes:
-        return state.feedback.dense_momentum(bucket_index, dense_allreduce(state, flat))
     topo = state.topology
     p, d = topo.world_size, flat.numel()
     corrected = state.feedback.add_residual(bucket_index, flat.clone())
@@ -55,9 +53,6 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
 
 def cost(cfg, cluster, net, elements: int, rates) -> costs.BucketCost:
     w = cluster.world_size
-    if elements * costs.GRAD_ELEMENT_SIZE < cfg.dense_below_bytes:
-        return costs.world_ring(cluster, net, 2 * (w - 1), traffic.world_allreduce, elements,
-                                cfg.wire_size)
     length = costs.padded_length(elements, w) // w
     k, block = costs.sparse_block(length, cfg.density, costs.sparse_value_dtype(cfg))
     # all-to-all: W-1 pairwise exchanges; all-gather: a ring of W-1 steps

@@ -8,6 +8,7 @@ simulator's entry point to them, so every registered algorithm is simulated with
 from __future__ import annotations
 
 from thinwire import collectives
+from thinwire.collectives import costs, traffic
 from thinwire.collectives.costs import (GRAD_ELEMENT_SIZE, AlgorithmConfig, BucketCost, Cluster,
                                         SparseRates)
 
@@ -25,4 +26,10 @@ def bucket_cost(cfg: AlgorithmConfig, cluster: Cluster, net, elements: int,
     """Communication and selection cost of one bucket of ``elements`` fp32 gradients."""
     if isinstance(elements, bool) or not isinstance(elements, int) or elements < 1:
         raise ValueError(f"elements must be an integer >= 1, got {elements!r}")
-    return collectives.get(cfg.name).cost(cfg, cluster, net, elements, rates)
+    algorithm = collectives.get(cfg.name)
+    if algorithm.sparse and elements * costs.GRAD_ELEMENT_SIZE < cfg.dense_below_bytes:
+        # SyncState.reduce all-reduces a small bucket densely, whatever the sparse algorithm
+        w = cluster.world_size
+        return costs.world_ring(cluster, net, 2 * (w - 1), traffic.world_allreduce, elements,
+                                cfg.wire_size)
+    return algorithm.cost(cfg, cluster, net, elements, rates)
