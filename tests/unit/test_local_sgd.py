@@ -39,6 +39,10 @@ def _make(model=None, opt=None, **kwargs):
     (dict(outer_lr=0), "outer_lr must be a finite number > 0, got 0"),
     (dict(outer_momentum=1.0), "outer_momentum must be a number in [0, 1), got 1.0"),
     (dict(local_weight=1.5, overlap=True), "local_weight must be a number in [0, 1], got 1.5"),
+    (dict(local_weight=0.3), "local_weight applies with overlap=True"),
+    (dict(selector="exact"), "selector applies to the top-k of a sparse algorithm"),
+    (dict(algorithm="sparseloco", density=0.1, selector="exact"),
+     "selector applies to the top-k of a sparse algorithm"),
     (dict(overlap=True, delay=4, sync_every=4), "delay must be in [1, sync_every // fragments "
                                                 "- 1] = [1, 3]"),
     (dict(overlap=True, fragments=2, sync_every=2), "no room to overlap"),

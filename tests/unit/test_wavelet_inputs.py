@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -30,11 +32,23 @@ def test_wave_turn_checked():
 
 
 @pytest.mark.parametrize("option,value", [("checkpoint", "ckpt"), ("algorithm", "diloco"),
-                                          ("amp", "bf16"), ("metrics", "m.jsonl")])
+                                          ("amp", "bf16"), ("metrics", "m.jsonl"),
+                                          ("eval_every", 5)])
 def test_options_the_wave_loop_lacks_are_refused(option, value):
     kwargs = {option: value, "sync_every": 4} if option == "algorithm" else {option: value}
     with pytest.raises(ValueError, match="not supported with --waves 2|with --waves 2"):
         TrainConfig(waves=2, **kwargs).validate()
+
+
+def test_the_wave_loop_takes_its_device_from_device():
+    from thinwire.wavelet.loop import _device
+
+    wave = SimpleNamespace(local_rank=0, waves=2)
+    assert _device(wave, "cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert _device(wave, "auto") == torch.device("cpu")
+        with pytest.raises(ValueError, match="--device cuda: no CUDA device is available"):
+            _device(wave, "cuda")
 
 
 def test_layout_two_slots_per_node():

@@ -68,14 +68,16 @@ class DiLoCo:
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer, *,
                  sync_every: int, outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  nesterov: bool = True, algorithm: str = "allreduce",
-                 density: float | None = None, selector: str = "mstopk", wire: str | None = None,
+                 density: float | None = None, selector: str | None = None,
+                 wire: str | None = None,
                  fragments: int = 1, overlap: bool = False, delay: int | None = None,
-                 local_weight: float = 0.5, topology=None,
+                 local_weight: float | None = None, topology=None,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, sync_options: dict | None = None):
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("model has no parameters that require grad: nothing to synchronise")
         _check_owner(self.params, inner_optimizer)
+        local_weight = _local_weight(local_weight, overlap)
         _check_outer(outer_lr, outer_momentum, local_weight)
         delay = (1 if overlap else 0) if delay is None else delay
         if not overlap and delay != 0:
@@ -87,11 +89,15 @@ class DiLoCo:
                 and density is None:
             raise ValueError(f"density is required with the sparse algorithm {algorithm!r} "
                              "(a number in (0, 1], e.g. 0.01)")
+        if selector is not None and algorithm not in collectives.sparse_names():
+            raise ValueError(f"selector applies to the top-k of a sparse algorithm "
+                             f"({', '.join(collectives.sparse_names())}), got selector="
+                             f"{selector!r} with algorithm {algorithm!r}")
         options = dict(sync_options or {})
         if wire is not None:
             options["wire"] = wire
         if density is not None and algorithm != sparse_outer.NAME:
-            options.update(density=density, selector=selector)
+            options.update(density=density, selector=selector or "mstopk")
         if topology is None:
             from thinwire.topology import Topology
             topology = Topology.build()
@@ -230,6 +236,18 @@ def _check_owner(params: list[torch.Tensor], optimizer) -> None:
         raise ValueError(f"inner_optimizer must own every trainable parameter of the model; "
                          f"parameters {missing[:5]} (of {len(params)}, in model.parameters() "
                          "order) are not in its param_groups")
+
+
+def _local_weight(local_weight, overlap) -> float:
+    """Streaming DiLoCo's mix of the local parameters with the late anchor: overlap's only
+    (0.5 there by default); refused without overlap, where nothing is mixed."""
+    if local_weight is None:
+        return 0.5
+    if not overlap:
+        raise ValueError(f"local_weight applies with overlap=True (the local parameters mixed "
+                         f"with the anchor that arrives late), got local_weight={local_weight!r} "
+                         f"without overlap")
+    return local_weight
 
 
 def _check_outer(outer_lr, outer_momentum, local_weight) -> None:

@@ -64,7 +64,8 @@ class DiLoCoSync:
         self.diloco = DiLoCo(
             self.model, optimizer, sync_every=cfg.sync_every, outer_lr=cfg.outer_lr,
             outer_momentum=cfg.outer_momentum, algorithm=cfg.outer_algorithm,
-            density=cfg.density if sparse else None, selector=cfg.selector,
+            density=cfg.density if sparse else None,
+            selector=cfg.selector if cfg.outer_algorithm in collectives.sparse_names() else None,
             fragments=cfg.fragments, overlap=cfg.overlap, topology=self.topology,
             sync_options=options)
         optimizer.register_step_post_hook(lambda *_: self.diloco.step())

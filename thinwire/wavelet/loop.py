@@ -72,8 +72,12 @@ def _launch_locally(cfg: TrainConfig) -> dict:
             return json.load(handle)
 
 
-def _device(wave: Wave) -> torch.device:
-    if torch.cuda.is_available():  # the two waves of a slot share its device
+def _device(wave: Wave, requested: str) -> torch.device:
+    """The slot's device: ``--device`` cpu, cuda (which must exist) or auto (cuda where there
+    is one)."""
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available (use --device cpu)")
+    if requested != "cpu" and torch.cuda.is_available():  # the two waves of a slot share it
         torch.cuda.set_device(wave.local_rank // wave.waves)
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -117,7 +121,7 @@ def _check_memory(cfg, wave, module, ds, opt, device) -> dict:
 def _train(cfg: TrainConfig, wave: Wave) -> dict:
 
     rank, world = wave.rank, wave.world
-    device = _device(wave)
+    device = _device(wave, cfg.device)
     ds, module, _, total_steps, opt, sched = loop.setup_run(cfg, rank, world, device)
     estimate = _check_memory(cfg, wave, module, ds, opt, device)
     model = DistributedDataParallel(module)

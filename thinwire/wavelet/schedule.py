@@ -54,8 +54,10 @@ def check_waves(waves, param: str = "--waves") -> int:
 
 
 # Options of `thinwire train` the wave loop does not implement; refused rather than ignored.
+# (The wave loop evaluates once, after training: --eval-every's steps are not its.)
 UNSUPPORTED = {"checkpoint": None, "resume": None, "stop_after": 0, "checkpoint_every": 0,
-               "metrics": None, "amp": "none", "stop_at_target": False, "budget_s": 0.0}
+               "metrics": None, "amp": "none", "stop_at_target": False, "budget_s": 0.0,
+               "eval_every": 0}
 
 
 def check_train_config(cfg) -> None:
