@@ -13,7 +13,8 @@ import math
 
 from thinwire.output import OutputPathError, check_output_path
 
-__all__ = ["OutputPathError", "check_output_path", "device", "integer", "number"]
+__all__ = ["OutputPathError", "algorithm_option", "check_output_path", "device", "integer",
+           "number", "options_by_algorithm"]
 
 
 def integer(low: int, high: int | None = None):
@@ -53,6 +54,44 @@ def number(low: float | None = None, high: float | None = None, *, low_open: boo
         return value
     parse.__name__ = "number"
     return parse
+
+
+def algorithm_option(text: str) -> tuple[str, str, object]:
+    """An argparse type: ``ALGORITHM:NAME=VALUE``, one of an algorithm's own settings (the
+    algorithm checks the value when it is built). VALUE is a number, ``none``, ``true``,
+    ``false`` or else a string."""
+    head, sep, raw = text.partition("=")
+    algorithm, colon, name = head.partition(":")
+    if not (sep and colon and algorithm and name.isidentifier()):
+        raise argparse.ArgumentTypeError(f"must be ALGORITHM:NAME=VALUE (e.g. oktopk:tau=16), "
+                                         f"got {text!r}")
+    value: object = raw
+    for convert in (int, float):
+        try:
+            value = convert(raw)
+            break
+        except ValueError:
+            continue
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    value = {"none": None, "true": True, "false": False}.get(raw.lower(), value) \
+        if isinstance(value, str) else value
+    return algorithm, name, value
+
+
+def options_by_algorithm(items: list[tuple[str, str, object]], algorithms: list[str],
+                         flag: str = "--algorithm-option") -> dict[str, dict]:
+    """``algorithm_option`` values grouped by algorithm; an algorithm not run, or a setting
+    given twice, is refused by name."""
+    out: dict[str, dict] = {}
+    for algorithm, name, value in items:
+        if algorithm not in algorithms:
+            raise ValueError(f"{flag} {algorithm}:{name}: {algorithm!r} is not one of the "
+                             f"algorithms run ({', '.join(algorithms)})")
+        if name in out.setdefault(algorithm, {}):
+            raise ValueError(f"{flag} {algorithm}:{name} is given twice")
+        out[algorithm][name] = value
+    return out
 
 
 def device(text: str) -> str:

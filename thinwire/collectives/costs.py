@@ -21,7 +21,7 @@ elements a rank selects from, and the index_add of what it receives. Those costs
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import torch
@@ -79,12 +79,22 @@ class AlgorithmConfig:
     density: float = 0.01
     wire: str | None = None     # dense parts on the wire: None (fp32), "fp16" or "bf16"
     dense_below_bytes: int = registry.DEFAULT_DENSE_BELOW_BYTES  # sparse ones all-reduce less
+    sparse_wire: str = "fp32"   # the selected values on the wire (sparse_wire algorithms)
+    # the algorithm's own settings (oktopk's tau, ...), checked and completed by the algorithm
+    options: dict | None = field(default=None, hash=False)
 
     def __post_init__(self):
-        registry.get(self.name)
+        algorithm = registry.get(self.name)
         validate_density(self.density)
         if (self.wire or "none") not in WIRE_DTYPES:
             raise ValueError(f"wire must be one of {', '.join(WIRE_DTYPES)}, got {self.wire!r}")
+        if self.sparse_wire not in SPARSE_WIRES:
+            raise ValueError(f"sparse_wire must be one of {', '.join(SPARSE_WIRES)}, got "
+                             f"{self.sparse_wire!r}")
+        if self.sparse_wire != "fp32" and not algorithm.sparse_wire:
+            raise ValueError(f"sparse_wire {self.sparse_wire!r} applies to "
+                             f"{', '.join(registry.sparse_wire_names())}, not {self.name!r}")
+        object.__setattr__(self, "options", algorithm.check_options(self.options))
 
     @property
     def wire_size(self) -> int:

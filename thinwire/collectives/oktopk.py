@@ -207,7 +207,7 @@ def cost(cfg, cluster, net, elements: int, rates) -> costs.BucketCost:
     total += costs.world_ring(cluster, net, w - 1, traffic.world_alltoall, COUNT_BYTES)
     total += costs.world_ring(cluster, net, w - 1, traffic.world_alltoall, share)  # gather
     total += costs.world_ring(cluster, net, w - 1, traffic.world_allgather, COUNT_BYTES)
-    tau, every = DEFAULTS["tau"], DEFAULTS["rebalance_every"]
+    tau, every = cfg.options["tau"], cfg.options["rebalance_every"]
     # every tau steps an owner all-gathers all its nonzero sums (up to k) instead of k/P
     whole = costs.world_ring(cluster, net, 0, traffic.world_alltoall,
                              costs.sparse_block(elements, cfg.density)[1] - share)

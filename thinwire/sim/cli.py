@@ -11,7 +11,9 @@ import argparse
 from pathlib import Path
 
 from thinwire.output import format_table, write_json_atomic
-from thinwire.cliargs import integer, number
+from thinwire.cliargs import algorithm_option, integer, number, options_by_algorithm
+from thinwire.collectives import sparse_wire_names
+from thinwire.compress import SPARSE_WIRES
 from thinwire.output import check_output_path
 from thinwire.sim import compute
 from thinwire.sim.collectives import AlgorithmConfig, Cluster, names as algorithm_names
@@ -49,6 +51,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--density", type=number(0, 1, low_open=True), default=0.01,
                    help="sparse algorithms: share of entries sent")
     p.add_argument("--wire", default="none", help="dense wire dtype: none, fp16, bf16")
+    p.add_argument("--sparse-wire", default="fp32",
+                   help="the selected values' dtype on the wire: fp32, fp16, bf16 (the "
+                        "algorithms that take it: thinwire train --help)")
+    p.add_argument("--algorithm-option", action="append", default=None,
+                   metavar="ALGORITHM:NAME=VALUE", type=algorithm_option,
+                   help="one of an algorithm's own settings (e.g. oktopk:tau=16); repeat for "
+                        "several"),
     p.add_argument("--bucket-mb", type=number(0, 10240, low_open=True),
                    default=DEFAULT_BUCKET_BYTES / 2**20, help="gradient bucket size in MiB")
     p.add_argument("--no-overlap", action="store_true", help="communication after backward")
@@ -110,6 +119,12 @@ def _node_list(text: str) -> list[int]:
     return [int(x) for x in _scaling_nodes(text).split(",") if x.strip()]
 
 
+def _sparse_wire_for(name: str, sparse_wire: str) -> str:
+    """--sparse-wire for the algorithms that take it, fp32 for the others (as compare runs a
+    list of algorithms)."""
+    return sparse_wire if name in sparse_wire_names() else "fp32"
+
+
 def run_simulate(args) -> dict:
     cluster = Cluster(args.nodes, args.gpus_per_node)
     net = network(args.network)
@@ -121,7 +136,13 @@ def run_simulate(args) -> dict:
     rates = compute.device(args.device).sparse
     wire = None if args.wire == "none" else args.wire
     names = args.algorithm or list(algorithm_names())
-    configs = [AlgorithmConfig(name, density=args.density, wire=wire) for name in names]
+    if args.sparse_wire not in SPARSE_WIRES:
+        raise ValueError(f"--sparse-wire must be one of {', '.join(SPARSE_WIRES)}, got "
+                         f"{args.sparse_wire!r}")
+    own = options_by_algorithm(args.algorithm_option or [], names)
+    configs = [AlgorithmConfig(name, density=args.density, wire=wire,
+                               sparse_wire=_sparse_wire_for(name, args.sparse_wire),
+                               options=own.get(name)) for name in names]
     if not args.bucket_mb > 0:
         raise ValueError(f"bucket_mb must be > 0, got {args.bucket_mb}")
     options = {"bucket_bytes": int(args.bucket_mb * 2**20), "overlap": not args.no_overlap,
@@ -144,7 +165,9 @@ def run_simulate(args) -> dict:
                "inter_alpha_s": net.inter.alpha, "intra_bandwidth_Bps": net.intra.bandwidth,
                "intra_alpha_s": net.intra.alpha, "model": args.model, "device": args.device,
                "compute": compute_note, "batch_size_per_gpu": batch, "density": args.density,
-               "wire": args.wire, "bucket_mb": args.bucket_mb, "overlap": not args.no_overlap,
+               "wire": args.wire, "sparse_wire": args.sparse_wire,
+               "algorithm_options": {cfg.name: cfg.options for cfg in configs if cfg.options},
+               "bucket_mb": args.bucket_mb, "overlap": not args.no_overlap,
                "selection": vars(rates), "diloco_sync_every": args.diloco_sync_every}
     return {"setting": setting, "breakdown": breakdown, "scaling": rows}
 
