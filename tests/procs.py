@@ -29,30 +29,65 @@ def run_python(args: list[str], timeout_s: float, env: dict | None = None,
     env = dict(os.environ if env is None else env, PYTHONFAULTHANDLER="1")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True, stdin=subprocess.DEVNULL, **kwargs)
+    tree: set[int] = set()
     try:
         try:
             out, err = proc.communicate(timeout=timeout_s)
             return subprocess.CompletedProcess(argv, proc.returncode, out, err)
         except subprocess.TimeoutExpired:
             pass
-        _signal_group(proc.pid, signal.SIGABRT)
-        try:
-            out, err = proc.communicate(timeout=DUMP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            _signal_group(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
+        # Every process under the child, not only its group: torchrun starts each rank in a
+        # session of its own, and the ranks hold the output pipes open.
+        tree = _tree(proc.pid)
+        _signal(tree, signal.SIGABRT)
+        out, err = _read(proc, DUMP_GRACE_S)
+        if out is None:
+            _signal(tree | _tree(proc.pid), signal.SIGKILL)
+            out, err = _read(proc, DUMP_GRACE_S)
     finally:
-        _signal_group(proc.pid, signal.SIGKILL)  # whatever the child left behind
-        if proc.poll() is None:
-            proc.wait()
+        _signal(tree | _tree(proc.pid), signal.SIGKILL)  # whatever the child left behind
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None and not pipe.closed:
+                pipe.close()
+        proc.wait()
     pytest.fail(f"{' '.join(argv)[:300]} ran past its {timeout_s:g} s timeout; the stacks of "
                 f"its threads (faulthandler, last {STACKS_SHOWN} characters):\n"
                 f"{(err or '')[-STACKS_SHOWN:]}\n--- stdout tail ---\n{(out or '')[-2000:]}",
                 pytrace=False)
 
 
-def _signal_group(pgid: int, signum: int) -> None:
+def _read(proc: subprocess.Popen, timeout_s: float) -> tuple[str | None, str | None]:
+    """What the child wrote, once every holder of its pipes is gone; (None, None) if some
+    process still holds them after ``timeout_s``."""
     try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
+        return proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None, None
+
+
+def _tree(pid: int) -> set[int]:
+    """``pid`` and every process below it (from /proc: parents, transitively)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = {pid}, [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _signal(pids: set[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass

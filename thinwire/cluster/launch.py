@@ -186,7 +186,7 @@ def dump_stacks(procs: list[subprocess.Popen]) -> int:
             try:
                 os.kill(pid, signal.SIGUSR1)
                 asked += 1
-            except ProcessLookupError:
+            except OSError:  # gone since, or not ours: the run is stopped all the same
                 pass
     if asked:
         time.sleep(STACK_DUMP_GRACE_S)

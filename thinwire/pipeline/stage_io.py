@@ -71,7 +71,7 @@ class Sender:
 
 
 def evaluate(worker: StageWorker, s: int, S: int, x: torch.Tensor, y: torch.Tensor,
-              in_tail: tuple, chunk: int = 512) -> float | None:
+             in_tail: tuple, chunk: int = 512) -> float | None:
     """Forward-only pass of the test set through the pipeline; the last stage counts."""
     correct = 0
     for a in range(0, x.shape[0], chunk):

@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--algorithm-option", action="append", default=None,
                    metavar="ALGORITHM:NAME=VALUE", type=algorithm_option,
                    help="one of an algorithm's own settings (e.g. oktopk:tau=16); repeat for "
-                        "several"),
+                        "several")
     p.add_argument("--bucket-mb", type=number(0, 10240, low_open=True),
                    default=DEFAULT_BUCKET_BYTES / 2**20, help="gradient bucket size in MiB")
     p.add_argument("--no-overlap", action="store_true", help="communication after backward")
@@ -139,7 +139,8 @@ def run_simulate(args) -> dict:
     if args.sparse_wire not in SPARSE_WIRES:
         raise ValueError(f"--sparse-wire must be one of {', '.join(SPARSE_WIRES)}, got "
                          f"{args.sparse_wire!r}")
-    own = options_by_algorithm(args.algorithm_option or [], names)
+    outer_names = (args.outer_algorithm or ["hier_allreduce"]) if args.diloco_sync_every else []
+    own = options_by_algorithm(args.algorithm_option or [], names + list(outer_names))
     configs = [AlgorithmConfig(name, density=args.density, wire=wire,
                                sparse_wire=_sparse_wire_for(name, args.sparse_wire),
                                options=own.get(name)) for name in names]
@@ -155,8 +156,10 @@ def run_simulate(args) -> dict:
         schedule = {"sync_every": args.diloco_sync_every, "fragments": args.diloco_fragments,
                     "overlap": args.diloco_overlap, "bucket_bytes": options["bucket_bytes"],
                     "batch_size": batch}
-        for name in args.outer_algorithm or ["hier_allreduce"]:
-            outer = AlgorithmConfig(name, density=args.density, wire=wire)
+        for name in outer_names:
+            outer = AlgorithmConfig(name, density=args.density, wire=wire,
+                                    sparse_wire=_sparse_wire_for(name, args.sparse_wire),
+                                    options=own.get(name))
             breakdown.append(simulate_diloco(layers, cluster, net, outer, rates, **schedule))
             rows += [simulate_diloco(layers, Cluster(m, args.gpus_per_node), net, outer, rates,
                                      **schedule) for m in _node_list(args.scaling_nodes)]

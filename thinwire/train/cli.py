@@ -10,8 +10,9 @@ from thinwire.train.config import add_arguments, from_args
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from thinwire.train.entry import train
+    from thinwire.train.entry import enable_stack_dumps, train
 
+    enable_stack_dumps()  # `kill -USR1 PID` shows a rank's threads
     train(from_args(args))
     return 0
 

@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from thinwire.train.config import add_arguments, add_config_file, from_args
+from thinwire.train.entry import enable_stack_dumps
 from thinwire.train.loop import setup_logging
 from thinwire.wavelet import loop, tallmlp
 
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  "with --waves 1), under torchrun.")
     add_arguments(parser)
     setup_logging()
+    enable_stack_dumps()
     try:
         add_config_file(parser, argv)
         loop.train(from_args(parser.parse_args(argv)))

@@ -34,6 +34,8 @@ from thinwire.wavelet.schedule import TickTock, Wave, check_train_config
 log = logging.getLogger("thinwire.wavelet")
 WARMUP_STEPS = 2
 PROBE_BATCH = 8
+
+
 def train(cfg: TrainConfig) -> dict:
     """Run one wave of ``cfg`` (``cfg.waves == 2``); returns the summary on rank 0."""
     check_train_config(cfg)
