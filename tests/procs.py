@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+from thinwire.cluster.launch import descendants
+
 DUMP_GRACE_S = 10.0  # time for faulthandler to write the stacks after SIGABRT
 STACKS_SHOWN = 12_000  # characters of the dump put into the failure message
 
@@ -66,23 +68,8 @@ def _read(proc: subprocess.Popen, timeout_s: float) -> tuple[str | None, str | N
 
 
 def _tree(pid: int) -> set[int]:
-    """``pid`` and every process below it (from /proc: parents, transitively)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    parent = int(handle.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry))
-    found, todo = {pid}, [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
+    """``pid`` and every process below it."""
+    return {pid, *descendants(pid)}
 
 
 def _signal(pids: set[int], signum: int) -> None:

@@ -115,7 +115,8 @@ def _stream(proc: subprocess.Popen, node: int, output: IO[str], lock: threading.
             output.flush()
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc: parents, transitively), ``pid`` left out."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -137,7 +138,7 @@ def _stop(procs: list[subprocess.Popen], network: Network | None,
           grace_s: float = TERMINATE_GRACE_S) -> None:
     """SIGTERM every torchrun (it stops its ranks), then SIGKILL whatever is left."""
     alive = [p for p in procs if p.poll() is None]
-    tree = {pid for p in alive for pid in _descendants(p.pid)}
+    tree = {pid for p in alive for pid in descendants(p.pid)}
     for p in alive:
         try:
             os.killpg(p.pid, signal.SIGTERM)
@@ -149,7 +150,7 @@ def _stop(procs: list[subprocess.Popen], network: Network | None,
             p.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-    tree |= {pid for p in alive if p.poll() is None for pid in _descendants(p.pid)}
+    tree |= {pid for p in alive if p.poll() is None for pid in descendants(p.pid)}
     for pid in tree | {p.pid for p in alive if p.poll() is None}:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -181,7 +182,7 @@ def dump_stacks(procs: list[subprocess.Popen]) -> int:
     """SIGUSR1 to every process under `procs` that handles it; waits for the dumps to be copied
     into the output. Returns how many processes were asked."""
     asked = 0
-    for pid in {pid for p in procs if p.poll() is None for pid in _descendants(p.pid)}:
+    for pid in {pid for p in procs if p.poll() is None for pid in descendants(p.pid)}:
         if _handles(pid, signal.SIGUSR1):
             try:
                 os.kill(pid, signal.SIGUSR1)
