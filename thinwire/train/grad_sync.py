@@ -151,14 +151,14 @@ def register(model: DistributedDataParallel, algorithm: str, density: float = 0.
                                       density_warmup_from=density_warmup_from,
                                       sparse_wire=sparse_wire,
                                       algorithm_options=algorithm_options)
-        return Sync(algorithm, state)
+        return Sync(algorithm, state, model=model)
     if algorithm == "ddp":
-        return Sync(algorithm)
+        return Sync(algorithm, model=model)
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     if algorithm == "ddp-fp16":
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        return Sync(algorithm)
+        return Sync(algorithm, model=model)
     state = powerSGD_hook.PowerSGDState(
         process_group=None, matrix_approximation_rank=check_powersgd_rank(powersgd_rank),
         start_powerSGD_iter=powersgd_start_iter, use_error_feedback=True, warm_start=True,
@@ -172,7 +172,7 @@ def register(model: DistributedDataParallel, algorithm: str, density: float = 0.
         return _powersgd_resumable(layouts, param_index, state, bucket)
 
     model.register_comm_hook(state, powersgd)
-    return Sync(algorithm, state, layouts)
+    return Sync(algorithm, state, layouts, model=model)
 
 
 def _powersgd_resumable(layouts: dict, param_index: dict, state, bucket):

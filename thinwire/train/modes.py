@@ -44,9 +44,7 @@ def _check_per_step(cfg) -> None:
 
 def _build_per_step(cfg, module, device_ids):
     model = DistributedDataParallel(module, device_ids=device_ids)
-    sync = grad_sync.register_sync(cfg, model, cfg.ranks_per_node)
-    sync.model = model
-    return sync
+    return grad_sync.register_sync(cfg, model, cfg.ranks_per_node)
 
 
 def _check_diloco(cfg) -> None:
