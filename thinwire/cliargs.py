@@ -13,8 +13,8 @@ import math
 
 from thinwire.output import OutputPathError, check_output_path
 
-__all__ = ["OutputPathError", "algorithm_option", "check_output_path", "device", "integer",
-           "number", "options_by_algorithm"]
+__all__ = ["OutputPathError", "add_algorithm_option", "algorithm_option", "check_output_path",
+           "device", "integer", "number", "options_by_algorithm"]
 
 
 def integer(low: int, high: int | None = None):
@@ -57,26 +57,37 @@ def number(low: float | None = None, high: float | None = None, *, low_open: boo
 
 
 def algorithm_option(text: str) -> tuple[str, str, object]:
-    """An argparse type: ``ALGORITHM:NAME=VALUE``, one of an algorithm's own settings (the
-    algorithm checks the value when it is built). VALUE is a number, ``none``, ``true``,
-    ``false`` or else a string."""
+    """An argparse type: ``ALGORITHM:NAME=VALUE``, one of an algorithm's declared settings
+    (``thinwire.collectives.registry.Algorithm.options``), parsed as its declared type and
+    checked against its range here, before anything launches. ``none`` is an optional
+    setting's automatic value."""
+    from thinwire import collectives
+
     head, sep, raw = text.partition("=")
     algorithm, colon, name = head.partition(":")
     if not (sep and colon and algorithm and name.isidentifier()):
         raise argparse.ArgumentTypeError(f"must be ALGORITHM:NAME=VALUE (e.g. oktopk:tau=16), "
                                          f"got {text!r}")
-    value: object = raw
-    for convert in (int, float):
-        try:
-            value = convert(raw)
-            break
-        except ValueError:
-            continue
-    if isinstance(value, float) and not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
-    value = {"none": None, "true": True, "false": False}.get(raw.lower(), value) \
-        if isinstance(value, str) else value
-    return algorithm, name, value
+    try:
+        option = collectives.get(algorithm, "ALGORITHM").option(name)
+        return algorithm, name, option.parse(raw, f"algorithm {algorithm!r}")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_algorithm_option(parser) -> None:
+    """``--algorithm-option ALGORITHM:NAME=VALUE`` (repeatable): what every command that runs
+    an algorithm takes for its declared settings (``thinwire.collectives`` registry)."""
+    from thinwire import collectives
+
+    parser.add_argument(
+        "--algorithm-option", dest="algorithm_option", action="append", default=None,
+        type=algorithm_option, metavar="ALGORITHM:NAME=VALUE",
+        help="one of an algorithm's own settings, repeatable; "
+             + "; ".join(f"{a.name}: " + ", ".join(
+                 f"{o.name} ({o.allowed()}, default "
+                 f"{'automatic' if o.default is None else o.default})" for o in a.options)
+                 for a in map(collectives.get, collectives.names()) if a.options))
 
 
 def options_by_algorithm(items: list[tuple[str, str, object]], algorithms: list[str],

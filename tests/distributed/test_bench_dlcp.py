@@ -26,7 +26,7 @@ def test_bench_dlcp_runs_variants_in_the_same_run():
 
 def test_a_bad_variant_fails_before_any_cluster_is_built():
     spec = ClusterSpec(nodes=2, ranks_per_node=1, shaping=False, inter_node_bandwidth=None)
-    with pytest.raises(ValueError, match=r"pacing must be one of sleep, socket"):
+    with pytest.raises(ValueError, match=r"'pacing' must be one of sleep, socket"):
         bench_dlcp.run(spec, 1000, 0.02, 1, 0.02, False, variants=("pacing=fast",))
     with pytest.raises(ValueError, match=r"options must be KEY=VALUE, got 'fast'"):
         bench_dlcp.run(spec, 1000, 0.02, 1, 0.02, False, variants=("fast",))

@@ -9,12 +9,15 @@ from thinwire.state import SyncState
 
 
 @pytest.mark.parametrize("name, value, message", [
-    ("epsilon", 0.5, r"epsilon must be a number in \[0.0, 0.1\], got 0.5"),
-    ("epsilon", -0.1, r"epsilon must be a number in \[0.0, 0.1\], got -0.1"),
-    ("high_share", 1.5, r"high_share must be a number in \[0.0, 1.0\], got 1.5"),
-    ("rate_bps", 0, r"rate_bps must be a number in \(0.0, inf\], got 0"),
-    ("classes", 9, r"classes'\] must be an int in \[2, 8\] or None, got 9"),
-    ("window", 3, r"unknown \['window'\]; allowed: epsilon, high_share"),
+    ("epsilon", 0.5, r"'epsilon' must be a number in \[0, 0.1\], got 0.5"),
+    ("epsilon", -0.1, r"'epsilon' must be a number in \[0, 0.1\], got -0.1"),
+    ("epsilon", float("nan"), r"'epsilon' must be a number in \[0, 0.1\], got nan"),
+    ("high_share", 1.5, r"'high_share' must be a number in \[0, 1\], got 1.5"),
+    ("rate_bps", 0, r"'rate_bps' must be a number > 0 or none, got 0"),
+    ("classes", 9, r"'classes' must be an integer in \[2, 8\] or none, got 9"),
+    ("pacing", "fast", r"'pacing' must be one of sleep, socket or none, got 'fast'"),
+    ("datagram_bytes", 9000, r"'datagram_bytes' must be an integer in \[512, 8972\]"),
+    ("window", 3, r"no option 'window'; its options: epsilon, high_share"),
 ])
 def test_bad_settings_name_the_parameter_value_and_range(name, value, message):
     with pytest.raises(ValueError, match=message):

@@ -152,7 +152,7 @@ def test_epsilon_outside_its_range_and_oversized_payloads_are_refused(transports
     sock = bind_socket("127.0.0.1")
     try:
         for bad in (0.2, -0.01, float("nan"), "0.05"):
-            with pytest.raises(ValueError, match=r"epsilon must be a number in \[0.0, 0.1\]"):
+            with pytest.raises(ValueError, match=r"'epsilon' must be a number in \[0, 0.1\]"):
                 Transport(sock, 0, {}, 1, epsilon=bad)
     finally:
         sock.close()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from thinwire.bench.report import format_table, run_cluster_worker, save_if_asked
 from thinwire.cluster.cli import add_resource_options, resource_kwargs
-from thinwire.collectives.dlcp import options as dlcp_options
+from thinwire.collectives.dlcp import ALGORITHM as DLCP
 
 COLUMNS = ("algorithm", "mean_s", "p50_s", "p99_s", "p99_vs_gloo", "mean_vs_wire", "wire_s",
            "select_s", "comm_s", "cpu_s",
@@ -29,7 +29,7 @@ def run(spec, size: int, density: float, steps: int, epsilon: float, bulk: bool,
 
     names = ["dlcp"] + [f"dlcp:{v}" for v in variants]
     for name in names:  # a bad option fails here, before the cluster is built
-        dlcp_options(variant(name)[1])
+        DLCP.check_options(variant(name)[1])
     result = run_cluster_worker(
         spec, "thinwire.bench.dlcp_worker",
         ["--size", str(size), "--density", str(density), "--steps", str(steps),

@@ -56,20 +56,17 @@ def _bulk_flow(rank: int, port: int, stop_file: str, classes: int):
 
 
 def variant(text: str) -> tuple[str, dict]:
-    """'dlcp:pacing=sleep,datagram_bytes=1472' -> ('dlcp', {'pacing': 'sleep', ...})."""
+    """'dlcp:pacing=sleep,datagram_bytes=1472' -> ('dlcp', {'pacing': 'sleep', ...}), each
+    value parsed and checked by dlcp's declaration of the option."""
+    from thinwire.collectives.dlcp import ALGORITHM
+
     name, _, given = text.partition(":")
     options = {}
     for item in filter(None, given.split(",")):
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"variant {text!r}: options must be KEY=VALUE, got {item!r}")
-        for convert in (int, float):
-            try:
-                value = convert(value)
-                break
-            except ValueError:
-                continue
-        options[key.strip()] = value
+        options[key.strip()] = ALGORITHM.option(key.strip()).parse(value, f"variant {text!r}")
     return name, options
 
 

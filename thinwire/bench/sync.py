@@ -9,9 +9,11 @@ communication. Ratios to allreduce and topk_allgather come from the same run.
 from __future__ import annotations
 
 import argparse
+import json
 
 from thinwire.bench.report import format_table, run_cluster_worker, save_if_asked
 from thinwire import collectives, topk
+from thinwire.cliargs import add_algorithm_option, options_by_algorithm
 from thinwire.cluster.cli import add_resource_options, resource_kwargs
 
 COLUMNS = ("algorithm", "median_s", "vs_allreduce", "vs_topk_allgather", "inter_mb", "intra_mb",
@@ -20,17 +22,21 @@ COLUMNS = ("algorithm", "median_s", "vs_allreduce", "vs_topk_allgather", "inter_
 
 def run(spec, size: int = 25_600_000, bucket_mb: float = 25.0, density: float = 0.01,
         selector: str = "mstopk", algorithms=None, repeats: int = 5,
-        timeout_s: float = 1800, dlcp_epsilon: float = 0.02,
-        dlcp_high_share: float = 0.1) -> dict:
-    from thinwire.train.grad_sync import check_dlcp
-
-    check_dlcp(dlcp_epsilon, dlcp_high_share)  # before the cluster is built
+        timeout_s: float = 1800, algorithm_options: dict | None = None) -> dict:
+    """``algorithm_options``: {algorithm: {name: value}}, each algorithm's declared settings
+    (checked here, before the cluster is built; an algorithm not timed is refused)."""
     algorithms = list(algorithms or collectives.names())
+    algorithm_options = dict(algorithm_options or {})
+    for name, given in algorithm_options.items():
+        if name not in algorithms:
+            raise ValueError(f"algorithm_options names {name!r}, which is not one of the "
+                             f"algorithms timed ({', '.join(algorithms)})")
+        collectives.get(name).check_options(given)
     result = run_cluster_worker(
         spec, "thinwire.bench.sync_worker",
         ["--size", str(size), "--bucket-mb", str(bucket_mb), "--density", str(density),
          "--selector", selector, "--repeats", str(repeats), "--algorithms", *algorithms,
-         "--dlcp-epsilon", str(dlcp_epsilon), "--dlcp-high-share", str(dlcp_high_share)],
+         "--algorithm-options", json.dumps(algorithm_options)],
         timeout_s)
     by_name = {row["algorithm"]: row for row in result["rows"]}
     for row in result["rows"]:
@@ -45,7 +51,8 @@ def run(spec, size: int = 25_600_000, bucket_mb: float = 25.0, density: float = 
                          "shaping": spec.shaping, "node_cpus": spec.node_cpus,
                          "node_memory": spec.node_memory, "link_classes": spec.link_classes,
                          "size": size, "bucket_mb": bucket_mb,
-                         "density": density, "selector": selector, "repeats": repeats}
+                         "density": density, "selector": selector, "repeats": repeats,
+                         "algorithm_options": algorithm_options}
     return result
 
 
@@ -57,8 +64,9 @@ def _main(args: argparse.Namespace) -> int:
                        intra_node_bandwidth=args.intra_node_bandwidth,
                        shaping=not args.no_shaping, **resource_kwargs(args))
     result = run(spec, args.size, args.bucket_mb, args.density, args.selector, args.algorithms,
-                 args.repeats, dlcp_epsilon=args.dlcp_epsilon,
-                 dlcp_high_share=args.dlcp_high_share)
+                 args.repeats,
+                 algorithm_options=options_by_algorithm(args.algorithm_option or [],
+                                                        args.algorithms))
     print(format_table(result["rows"], COLUMNS))
     save_if_asked(args.json, result)
     return 0
@@ -85,12 +93,7 @@ def register(bench_subparsers) -> None:
                         default=list(collectives.names()), help="algorithms to time")
     parser.add_argument("--repeats", type=int, default=5,
                         help="timed synchronisations per algorithm (the median is reported)")
-    parser.add_argument("--dlcp-epsilon", type=float, default=0.02,
-                        help="dlcp: share of low-class datagrams a step may miss, in [0, 0.1] "
-                             "(default 0.02)")
-    parser.add_argument("--dlcp-high-share", type=float, default=0.1,
-                        help="dlcp: share of datagrams in the high class, in [0, 1] "
-                             "(default 0.1)")
+    add_algorithm_option(parser)
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     add_resource_options(parser)
     parser.set_defaults(func=_main)

@@ -8,6 +8,7 @@ Rank 0 writes the rows as JSON to ``--out``.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -45,8 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--selector", required=True)
     parser.add_argument("--algorithms", nargs="+", required=True)
     parser.add_argument("--repeats", type=int, required=True)
-    parser.add_argument("--dlcp-epsilon", type=float, default=0.02)
-    parser.add_argument("--dlcp-high-share", type=float, default=0.1)
+    parser.add_argument("--algorithm-options", type=json.loads, default={},
+                        help="JSON {algorithm: {name: value}} (checked by bench sync)")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)  # several ranks share this machine's cores
@@ -58,10 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     buckets = list(gradient.split(per_bucket))
     rows = []
     for algorithm in args.algorithms:
-        options = ({"epsilon": args.dlcp_epsilon, "high_share": args.dlcp_high_share}
-                   if algorithm == "dlcp" else None)
         state = SyncState(topology, algorithm, args.density, args.selector,
-                          algorithm_options=options)
+                          algorithm_options=args.algorithm_options.get(algorithm))
         _one_sync(state, buckets)  # warm-up: residuals exist, allocations done
         times = []
         totals = {"select_s": 0.0, "intra_s": 0.0, "inter_s": 0.0}

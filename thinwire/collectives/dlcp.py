@@ -8,8 +8,9 @@ wait for the last lost low-class datagram: what every rank holds is applied on e
 replicas stay identical), and what missed its step goes back to the sender's error feedback, so
 nothing is lost over time. Without loss the result equals ``topk_allgather`` bit for bit.
 
-Settings (``SyncState(algorithm_options=...)``; `thinwire train` and `compare` take
-``--dlcp-epsilon`` and ``--dlcp-high-share``):
+Settings (``OPTIONS``; ``SyncState(algorithm_options=...)``, or
+``--algorithm-option dlcp:NAME=VALUE`` in `thinwire train`, `compare`, `bench sync` and
+`simulate`):
 
 * ``epsilon`` (0.02, in [0, 0.1]): share of a payload's low-class datagrams a receiver may give
   up on;
@@ -41,37 +42,34 @@ import torch
 from thinwire.collectives import costs, traffic
 from thinwire.collectives.primitives import sum_sparse
 from thinwire.collectives.registry import Algorithm, register
+from thinwire.options import Option
+from thinwire.transport import endpoint as transport_options
+from thinwire.transport import wire
 
-DEFAULTS = {"epsilon": 0.02, "high_share": 0.1, "rate_bps": None, "classes": None,
-            "deadline_slack": 2.0, "deadline_s": None, "pacing": None, "datagram_bytes": None}
 COUNTERS = {"sent": "dlcp_sent", "lost": "dlcp_lost", "retransmitted": "dlcp_retransmitted",
             "entries": "dlcp_entries", "missed_entries": "dlcp_missed_entries"}
 _TRANSPORTS: dict = {}  # (id(world group), options) -> (group, Transport)
 
 
-def options(given: dict) -> dict:
-    from thinwire.transport.endpoint import check_options
+OPTIONS = transport_options.OPTIONS + (
+    Option("classes", int, None, low=2, high=8, optional=True,
+           help="the link's priority classes (none: THINWIRE_LINK_CLASSES, else no marks)"),
+    Option("datagram_bytes", int, None, low=wire.MIN_DATAGRAM_BYTES,
+           high=wire.JUMBO_DATAGRAM_BYTES, optional=True,
+           help="the datagram size, at most the links' MTU - 28 (none: the MTU's)"),
+)
+DEFAULTS = {option.name: option.default for option in OPTIONS}
 
-    unknown = sorted(set(given) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"dlcp algorithm_options: unknown {unknown}; allowed: "
-                         f"{', '.join(DEFAULTS)}")
-    merged = {**DEFAULTS, **given}
-    if merged["rate_bps"] is None and os.environ.get("THINWIRE_INTER_NODE_BPS"):
-        merged["rate_bps"] = float(os.environ["THINWIRE_INTER_NODE_BPS"])
-    if merged["classes"] is None and os.environ.get("THINWIRE_LINK_CLASSES"):
-        merged["classes"] = int(os.environ["THINWIRE_LINK_CLASSES"])
-    classes = merged["classes"]
-    if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int)
-                                or not 2 <= classes <= 8):
-        raise ValueError(f"dlcp algorithm_options['classes'] must be an int in [2, 8] or None, "
-                         f"got {classes!r}")
-    check_options(merged["epsilon"], merged["high_share"], merged["rate_bps"], 1.0,
-                  merged["deadline_slack"], merged["deadline_s"], merged["pacing"])
-    if merged["datagram_bytes"] is not None:
-        from thinwire.transport.wire import check_datagram_bytes
-        check_datagram_bytes(merged["datagram_bytes"])
-    return merged
+
+def fill_from_cluster(options: dict) -> dict:
+    """The emulated cluster's link rate and priority classes where the user left them
+    automatic (the launcher sets THINWIRE_INTER_NODE_BPS and THINWIRE_LINK_CLASSES)."""
+    options = dict(options)
+    if options["rate_bps"] is None and os.environ.get("THINWIRE_INTER_NODE_BPS"):
+        options["rate_bps"] = float(os.environ["THINWIRE_INTER_NODE_BPS"])
+    if options["classes"] is None and os.environ.get("THINWIRE_LINK_CLASSES"):
+        options["classes"] = int(os.environ["THINWIRE_LINK_CLASSES"])
+    return options
 
 
 def missed_share(step: dict) -> float:
@@ -132,6 +130,6 @@ def cost(cfg, cluster, net, elements: int, rates) -> costs.BucketCost:
 
 
 ALGORITHM = register(Algorithm(
-    "dlcp", reduce, cost, sparse=True, options=options,
+    "dlcp", reduce, cost, sparse=True, options=OPTIONS, fill=fill_from_cluster,
     summary="DLCP: top-k with error feedback all-gathered over loss-tolerant prioritised UDP; "
             "entries that miss their step go back to error feedback"))

@@ -53,24 +53,19 @@ import torch.distributed as dist
 from thinwire.collectives import costs, traffic
 from thinwire.collectives.primitives import sparse_alltoall, sum_sparse
 from thinwire.collectives.registry import Algorithm, register
+from thinwire.options import Option
 from thinwire.topk import entries_at_least
 
-DEFAULTS = {"tau": 32, "rebalance_every": 64}
+OPTIONS = (
+    Option("tau", int, 32, low=1,
+           help="steps between exact estimates of the global top-k threshold (reused, "
+                "nudged, in between)"),
+    Option("rebalance_every", int, 64, low=1,
+           help="steps between rebalancings of the index ranges the ranks own"),
+)
+DEFAULTS = {option.name: option.default for option in OPTIONS}
 THRESHOLD_NUDGE = 1.2
 COUNT_BYTES = 8  # one int64 entry count per peer
-
-
-def check_options(options: dict) -> dict:
-    unknown = sorted(set(options) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"oktopk algorithm_options: unknown {unknown}; allowed: "
-                         f"{', '.join(DEFAULTS)}")
-    merged = {**DEFAULTS, **options}
-    for name, value in merged.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"oktopk algorithm_options[{name!r}] must be an int >= 1, got "
-                             f"{value!r}")
-    return merged
 
 
 def _at_least(x: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -221,6 +216,6 @@ def cost(cfg, cluster, net, elements: int, rates) -> costs.BucketCost:
 
 
 ALGORITHM = register(Algorithm(
-    "oktopk", reduce, cost, sparse=True, options=check_options,
+    "oktopk", reduce, cost, sparse=True, options=OPTIONS,
     summary="Ok-Topk: threshold top-k (re-estimated every tau steps), sparse reduce to balanced "
             "region owners, global top-k all-gathered; unselected entries return to residuals"))

@@ -20,15 +20,20 @@ without other edits.
 * ``sparse_wire``: the algorithm sends its own top-k selection through the shared
   ``primitives.select_for_wire`` (or rounds it with ``compress.to_sparse_wire`` and hands the
   rounded values to ``feedback.keep``), so ``SyncState(sparse_wire="fp16"|"bf16")`` applies.
-* ``options(dict) -> dict``: optional; checks the algorithm's own settings
-  (``SyncState(algorithm_options=...)``) and fills in their defaults. An algorithm without it
-  takes none.
+* ``options``: the algorithm's own settings, declared once as
+  :class:`thinwire.options.Option` (name, type, range, default, help). ``SyncState``, the
+  simulator's ``AlgorithmConfig``, the checkpoint identity and every command's
+  ``--algorithm-option ALGORITHM:NAME=VALUE`` read them from here; a name the algorithm does
+  not declare is refused. ``fill(options) -> options`` (optional) turns a checked
+  automatic value into the one the run will use (dlcp: the emulated link's rate).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from thinwire.options import Option, check_options
 
 # Below this size a bucket is latency-bound: the sparse algorithms all-reduce it densely.
 DEFAULT_DENSE_BELOW_BYTES = 64 * 1024
@@ -41,29 +46,36 @@ class Algorithm:
     cost: Callable[..., Any]
     sparse: bool = False
     summary: str = ""
-    options: Callable[[dict], dict] | None = None
+    options: tuple[Option, ...] = ()
     sparse_wire: bool = False
+    fill: Callable[[dict], dict] | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise ValueError(f"algorithm name must be a Python identifier (it is also a "
                              f"command-line choice and a checkpoint key), got {self.name!r}")
+        if not (isinstance(self.options, tuple)
+                and all(isinstance(o, Option) for o in self.options)):
+            raise TypeError(f"Algorithm {self.name!r}: options must be a tuple of "
+                            f"thinwire.options.Option, got {self.options!r}")
         for attribute in ("reduce", "cost"):
             if not callable(getattr(self, attribute)):
                 raise TypeError(f"Algorithm {self.name!r}: {attribute} must be callable, got "
                                 f"{getattr(self, attribute)!r}")
 
     def check_options(self, options: dict | None) -> dict:
-        """The algorithm's own settings, checked, with defaults filled in."""
-        if options is not None and not isinstance(options, dict):
-            raise ValueError(f"algorithm_options must be a dict, got {options!r}")
-        options = dict(options or {})
-        if self.options is None:
-            if options:
-                raise ValueError(f"algorithm {self.name!r} takes no algorithm_options, got "
-                                 f"{options!r}")
-            return {}
-        return self.options(options)
+        """The algorithm's own settings, checked against its declarations, defaults filled."""
+        checked = check_options(f"algorithm {self.name!r}", self.options, options)
+        return self.fill(checked) if self.fill is not None else checked
+
+    def option(self, name: str) -> Option:
+        """The declaration of the setting ``name``; a clear error where there is none."""
+        for option in self.options:
+            if option.name == name:
+                return option
+        allowed = ", ".join(o.name for o in self.options) or "none (it takes no options)"
+        raise ValueError(f"algorithm {self.name!r} takes no option {name!r}; its options: "
+                         f"{allowed}")
 
 
 _ALGORITHMS: dict[str, Algorithm] = {}

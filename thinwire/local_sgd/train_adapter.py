@@ -61,6 +61,8 @@ class DiLoCoSync:
         sparse = cfg.outer_algorithm in collectives.sparse_names() + (sparse_outer.NAME,)
         options = {"chunk": cfg.outer_chunk, "bits": cfg.outer_bits or None,
                    "decay": cfg.outer_decay} if cfg.outer_algorithm == sparse_outer.NAME else None
+        if cfg.algorithm_options.get(cfg.outer_algorithm):  # checked by TrainConfig
+            options = {"algorithm_options": cfg.algorithm_options[cfg.outer_algorithm]}
         self.diloco = DiLoCo(
             self.model, optimizer, sync_every=cfg.sync_every, outer_lr=cfg.outer_lr,
             outer_momentum=cfg.outer_momentum, algorithm=cfg.outer_algorithm,

@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from thinwire.output import format_table, write_json_atomic
-from thinwire.cliargs import algorithm_option, integer, number, options_by_algorithm
+from thinwire.cliargs import add_algorithm_option, integer, number, options_by_algorithm
 from thinwire.collectives import sparse_wire_names
 from thinwire.compress import SPARSE_WIRES
 from thinwire.output import check_output_path
@@ -54,10 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sparse-wire", default="fp32",
                    help="the selected values' dtype on the wire: fp32, fp16, bf16 (the "
                         "algorithms that take it: thinwire train --help)")
-    p.add_argument("--algorithm-option", action="append", default=None,
-                   metavar="ALGORITHM:NAME=VALUE", type=algorithm_option,
-                   help="one of an algorithm's own settings (e.g. oktopk:tau=16); repeat for "
-                        "several")
+    add_algorithm_option(p)
     p.add_argument("--bucket-mb", type=number(0, 10240, low_open=True),
                    default=DEFAULT_BUCKET_BYTES / 2**20, help="gradient bucket size in MiB")
     p.add_argument("--no-overlap", action="store_true", help="communication after backward")

@@ -6,7 +6,7 @@ import argparse
 
 from thinwire.train import compare as compare_mod
 from thinwire.cluster.cli import add_resource_options, resource_kwargs
-from thinwire.train.config import add_arguments, from_args
+from thinwire.train.config import add_arguments, algorithm_options, from_args
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -21,6 +21,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from thinwire.train import report, workloads
 
     train = {k: v for k, v in vars(args).items() if k in compare_mod.TRAIN_FIELDS}
+    if getattr(args, "algorithm_option", None):  # absent where a caller built args itself
+        train["algorithm_options"] = algorithm_options(args)
     names = workloads.parse_workloads(args.workload)
     status = 0
     for name in names:

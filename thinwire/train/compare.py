@@ -130,8 +130,13 @@ class CompareSettings:
         if language != (wl.metric == "bits_per_byte"):
             raise ValueError(f"--model {base.model} does not fit workload {wl.name} "
                              f"(judged by {wl.metric})")
+        used = set()
         for algorithm in self.algorithms:  # every run's config, checked before the first runs
-            self.run_config(algorithm).validate()
+            cfg = self.run_config(algorithm).validate()
+            used.update(modes.mode_of(algorithm).collectives(cfg))
+        for name in sorted(set(base.algorithm_options) - used):
+            raise ValueError(f"--algorithm-option {name}:...: no run of this race uses {name} "
+                             f"(--algorithms {','.join(self.algorithms)})")
         return self
 
     def resolved_target(self) -> float:
@@ -161,7 +166,12 @@ class CompareSettings:
             extra["wire"] = "none"
         if algorithm not in collectives.sparse_wire_names():  # values in the gradient's dtype
             extra["sparse_wire"] = "fp32"
-        extra.update(modes.mode_of(algorithm).compare_recipe)  # torchft's: its documented one
+        mode = modes.mode_of(algorithm)
+        extra.update(mode.compare_recipe)  # torchft's: its documented one
+        # each run takes the declared options of the algorithms it runs, not the race's others
+        runs = mode.collectives(dataclasses.replace(base, algorithm=algorithm, **extra))
+        extra["algorithm_options"] = {name: values for name, values
+                                      in base.algorithm_options.items() if name in runs}
         return dataclasses.replace(
             base, algorithm=algorithm, lr=base.lr if lr is None else lr,
             seed=base.seed if seed is None else seed, progress=False, log_every=1,

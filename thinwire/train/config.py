@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from thinwire import collectives
+from thinwire.cliargs import add_algorithm_option, options_by_algorithm
 from thinwire.compress import SPARSE_WIRES, WIRE_DTYPES
 from thinwire.train import grad_sync, models, modes, quality
 
@@ -40,8 +41,9 @@ class TrainConfig:
     density_warmup_steps: int = 0    # sparse algorithms: DGC's exponential density warm-up
     density_warmup_from: float = 0.25  # its first density (falls to --density over N steps)
     powersgd_start_iter: int = 2     # powersgd: dense steps before compression (PyTorch's knob)
-    dlcp_epsilon: float = 0.02       # dlcp: share of low-class datagrams a step may miss
-    dlcp_high_share: float = 0.1     # dlcp: share of datagrams in the high (retransmitted) class
+    # An algorithm's own settings, {algorithm: {name: value}}, as its registry entry declares
+    # them (e.g. {"oktopk": {"tau": 16}}; `--algorithm-option oktopk:tau=16`).
+    algorithm_options: dict = field(default_factory=dict)
     weight_decay: float = 5e-4
     warmup_steps: int | None = None  # None: 5% of the run
     epochs: int = 1
@@ -134,7 +136,7 @@ class TrainConfig:
                     and self.density <= self.density_warmup_from <= 1):
                 raise ValueError(f"--density-warmup-from must be a number in [--density, 1] = "
                                  f"[{self.density:g}, 1], got {self.density_warmup_from!r}")
-        grad_sync.check_dlcp(self.dlcp_epsilon, self.dlcp_high_share)
+        self.algorithm_options = modes.check_algorithm_options(self)
         # PyTorch's powerSGD_hook needs start_powerSGD_iter > 1 with error feedback
         _integer("--powersgd-start-iter", self.powersgd_start_iter, 2)
         if self.dense_warmup_steps and not grad_sync.is_sparse(self.algorithm):
@@ -230,12 +232,8 @@ def add_arguments(parser: argparse.ArgumentParser, exclude: tuple = ()) -> None:
       help="the density warm-up's first density, in [--density, 1]")
     a("--powersgd-start-iter", type=int, default=d.powersgd_start_iter,
       help="powersgd: steps all-reduced densely before compression starts (>= 2)")
-    a("--dlcp-epsilon", type=float, default=d.dlcp_epsilon,
-      help="dlcp: share of a payload's low-class datagrams a receiver may give up on, in "
-           "[0, 0.1]; what misses its step goes back to error feedback")
-    a("--dlcp-high-share", type=float, default=d.dlcp_high_share,
-      help="dlcp: share of each payload's datagrams (its largest entries) in the high class, "
-           "the only ones retransmitted, in [0, 1]")
+    if "algorithm_options" not in exclude:
+        add_algorithm_option(parser)
     a("--momentum-correction", action="store_true",
       help="sparse algorithms: DGC momentum correction (the momentum is applied before top-k, "
            "in the hook, and the optimizer runs without it)")
@@ -316,6 +314,19 @@ def add_config_file(parser: argparse.ArgumentParser, argv: list[str] | None) -> 
         parser.set_defaults(**values)
 
 
+def algorithm_options(args: argparse.Namespace) -> dict:
+    """{algorithm: {name: value}}: a --config file's algorithm_options with the command
+    line's --algorithm-option values over them."""
+    merged = {name: dict(values) for name, values in
+              (getattr(args, "algorithm_options", None) or {}).items()}
+    for name, values in options_by_algorithm(getattr(args, "algorithm_option", None) or [],
+                                             collectives.names()).items():
+        merged.setdefault(name, {}).update(values)
+    return merged
+
+
 def from_args(args: argparse.Namespace) -> TrainConfig:
     names = {f.name for f in fields(TrainConfig)}
-    return TrainConfig(**{k: v for k, v in vars(args).items() if k in names}).validate()
+    values = {k: v for k, v in vars(args).items() if k in names}
+    values["algorithm_options"] = algorithm_options(args)
+    return TrainConfig(**values).validate()

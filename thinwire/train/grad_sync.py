@@ -62,17 +62,6 @@ def check_selector(name: str) -> str:
     return name
 
 
-def check_dlcp(epsilon, high_share) -> None:
-    """--dlcp-epsilon and --dlcp-high-share, with the option names in the message."""
-    from thinwire.transport.endpoint import MAX_EPSILON
-
-    for flag, value, high in (("--dlcp-epsilon", epsilon, MAX_EPSILON),
-                              ("--dlcp-high-share", high_share, 1.0)):
-        if (isinstance(value, bool) or not isinstance(value, (int, float))
-                or not math.isfinite(value) or not 0.0 <= value <= high):
-            raise ValueError(f"{flag} must be a number in [0, {high:g}], got {value!r}")
-
-
 def check_powersgd_rank(rank: int) -> int:
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ValueError(f"--powersgd-rank must be an integer >= 1, got {rank!r}")
@@ -249,7 +238,5 @@ def register_sync(cfg, model: DistributedDataParallel, ranks_per_node: int | Non
 
 
 def sync_options(cfg) -> dict | None:
-    """The chosen algorithm's own options from the run's configuration (dlcp's)."""
-    if cfg.algorithm == "dlcp":
-        return {"epsilon": cfg.dlcp_epsilon, "high_share": cfg.dlcp_high_share}
-    return None
+    """The chosen algorithm's own options from the run's configuration (checked there)."""
+    return cfg.algorithm_options.get(cfg.algorithm)

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from torch.nn.parallel import DistributedDataParallel
 
+from thinwire import collectives
 from thinwire.train import checkpoint_checks, grad_sync
 
 
@@ -36,6 +37,9 @@ class Mode:
     per_step: bool                              # synchronises every step (what --waves 2 needs)
     in_default_race: bool                       # thinwire compare races it without being asked
     compare_recipe: dict = field(default_factory=dict)  # TrainConfig settings compare forces
+    # the registered algorithms (thinwire.collectives) a TrainConfig of this mode runs: the
+    # ones whose declared options (--algorithm-option) it takes
+    collectives: Callable[[Any], tuple[str, ...]] = lambda cfg: ()
 
 
 def _check_per_step(cfg) -> None:
@@ -77,10 +81,16 @@ def _check_no_hook_state(saved, algorithm: str, numel: int) -> None:
     checkpoint_checks.check_no_hook(saved, algorithm)
 
 
+def _registered(*names: str) -> tuple[str, ...]:
+    return tuple(name for name in names if name in collectives.names())
+
+
 PER_STEP = Mode("per-step", grad_sync.algorithm_names, _check_per_step, _build_per_step,
-                checkpoint_checks.check_per_step_hook, per_step=True, in_default_race=True)
+                checkpoint_checks.check_per_step_hook, per_step=True, in_default_race=True,
+                collectives=lambda cfg: _registered(cfg.algorithm))
 DILOCO = Mode("diloco", lambda: ("diloco",), _check_diloco, _build_diloco,
-              checkpoint_checks.check_diloco_hook, per_step=False, in_default_race=False)
+              checkpoint_checks.check_diloco_hook, per_step=False, in_default_race=False,
+              collectives=lambda cfg: _registered(cfg.outer_algorithm))
 # torchft's recipe as its docs deploy it: one fragment, dense, no overlap
 TORCHFT_DILOCO = Mode("torchft-diloco", lambda: ("torchft-diloco",), _check_torchft,
                       _build_torchft, _check_no_hook_state, per_step=False,
@@ -102,3 +112,26 @@ def mode_of(algorithm: str) -> Mode:
             return mode
     raise ValueError(f"--algorithm must be one of {', '.join(algorithm_names())}, "
                      f"got {algorithm!r}")
+
+
+def check_algorithm_options(cfg) -> dict:
+    """``cfg.algorithm_options`` ({algorithm: {name: value}}) checked against the registry's
+    declarations, defaults filled in; options of an algorithm this run does not use are
+    refused by name (they would be ignored)."""
+    given = cfg.algorithm_options
+    if not isinstance(given, dict) or not all(isinstance(v, dict) for v in given.values()):
+        raise ValueError(f"algorithm_options must be a dict of algorithm -> {{name: value}}, "
+                         f"got {given!r}")
+    used = mode_of(cfg.algorithm).collectives(cfg)
+    for name in given:
+        if name not in used:
+            runs = ", ".join(used) if used else "none of thinwire's algorithms"
+            raise ValueError(f"--algorithm-option {name}:{','.join(given[name]) or '...'}: this "
+                             f"run (--algorithm {cfg.algorithm}) uses {runs}, so {name}'s "
+                             f"options would be ignored")
+    return {name: collectives.get(name).check_options(given[name]) for name in given}
+
+
+def run_options(cfg, algorithm: str) -> dict | None:
+    """The declared options the run gives ``algorithm`` (None: the algorithm's defaults)."""
+    return cfg.algorithm_options.get(algorithm)

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 
 import torch
 
+from thinwire.options import Option
+from thinwire.options import check_options as declared_check
 from thinwire.transport import payload as payloads
 from thinwire.transport import wire
 from thinwire.transport.receiver import Receiver
@@ -73,26 +75,38 @@ class Exchanged:
     wire_bytes: int                  # this rank's DATA bytes on the wire (headers included)
 
 
+# The transport's settings, declared once: dlcp's algorithm options are these plus its own,
+# and the Transport constructor checks its arguments against the same declarations.
+OPTIONS = (
+    Option("epsilon", float, 0.02, low=0.0, high=MAX_EPSILON,
+           help="share of a payload's low-class datagrams a receiver may give up on; what "
+                "misses its step goes back to error feedback"),
+    Option("high_share", float, 0.1, low=0.0, high=1.0,
+           help="share of each payload's datagrams (its largest entries) in the high class, "
+                "the only ones retransmitted"),
+    Option("rate_bps", float, None, low=0.0, low_open=True, optional=True,
+           help="the sender's pacing and the deadline's link rate in bit/s; none: the emulated "
+                "cluster's inter-node rate, unpaced where none is known"),
+    Option("deadline_slack", float, 2.0, low=1.0,
+           help="after a sender's POLL a receiver waits at most this times the wire time of "
+                "the sender's payload for missing datagrams"),
+    Option("deadline_s", float, None, low=0.0, low_open=True, optional=True,
+           help="that wait in seconds instead (none: from deadline_slack; 0.05 s without a "
+                "rate)"),
+    Option("pacing", str, None, choices=PACINGS, optional=True,
+           help="who holds the sender to the link rate: the shaped link's qdisc (socket) or "
+                "the sender's own sleeps (sleep); none: socket on the emulated cluster"),
+)
+_TIMEOUT = Option("timeout_s", float, 300.0, low=0.0, low_open=True,
+                  help="a round not finished after this long fails, naming the silent ranks")
+
+
 def check_options(epsilon: float, high_share: float, rate_bps, timeout_s: float,
                   deadline_slack: float, deadline_s, pacing=None) -> None:
-    def number(name, value, low, high=math.inf, low_open=False):
-        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-              and math.isfinite(value) and (value > low if low_open else value >= low)
-              and value <= high)
-        if not ok:
-            bracket = "(" if low_open else "["
-            raise ValueError(f"{name} must be a number in {bracket}{low}, {high}], got {value!r}")
-    number("epsilon", epsilon, 0.0, MAX_EPSILON)
-    number("high_share", high_share, 0.0, 1.0)
-    number("timeout_s", timeout_s, 0.0, low_open=True)
-    number("deadline_slack", deadline_slack, 1.0)
-    if rate_bps is not None:
-        number("rate_bps", rate_bps, 0.0, low_open=True)
-    if deadline_s is not None:
-        number("deadline_s", deadline_s, 0.0, low_open=True)
-    if pacing is not None and pacing not in PACINGS:
-        raise ValueError(f"pacing must be one of {', '.join(PACINGS)} or None (automatic), "
-                         f"got {pacing!r}")
+    given = dict(epsilon=epsilon, high_share=high_share, rate_bps=rate_bps,
+                 deadline_slack=deadline_slack, deadline_s=deadline_s, pacing=pacing)
+    declared_check("transport", OPTIONS, given)
+    _TIMEOUT.check(timeout_s, "transport")
 
 
 class Transport(Receiver):
