@@ -14,7 +14,6 @@ Each returns a :class:`Sync`: what the checkpoint stores (the residuals) and the
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import math
 import os
 import select
 import socket
