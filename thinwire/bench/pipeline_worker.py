@@ -7,7 +7,6 @@ import argparse
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 
 import torch.distributed as dist
@@ -60,4 +59,6 @@ def _first_ops_s(stages: list[dict], operations: int) -> float:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from thinwire.rank_exit import exit_rank
+
+    exit_rank(main())

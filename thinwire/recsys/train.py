@@ -188,4 +188,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from thinwire.rank_exit import exit_rank
+
     main()
+    exit_rank()

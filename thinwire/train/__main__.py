@@ -1,7 +1,6 @@
 """`python -m thinwire.train [OPTIONS]`: what the cluster launcher (or torchrun) runs per rank."""
 
-import sys
-
+from thinwire.rank_exit import exit_rank
 from thinwire.train.entry import main
 
-sys.exit(main())
+exit_rank(main())

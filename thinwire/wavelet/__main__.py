@@ -34,4 +34,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from thinwire.rank_exit import exit_rank
+
+    exit_rank(main())

@@ -435,4 +435,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from thinwire.rank_exit import exit_rank
+
+    exit_rank(main())

@@ -5,4 +5,6 @@ import sys
 from thinwire.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main(["pipeline"] + sys.argv[1:]))
+    from thinwire.rank_exit import exit_rank
+
+    exit_rank(main(["pipeline"] + sys.argv[1:]))
