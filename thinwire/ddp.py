@@ -6,11 +6,15 @@ follows PyTorch's own hook contract (``hook(state, bucket) -> Future``). What is
 here: the bucket order and the worker that runs buckets; every synchronisation setting belongs
 to the :class:`~thinwire.state.SyncState` (the same one :func:`thinwire.synchronize` uses).
 
-On the CPU the hook hands each bucket to one worker thread and returns at once, so
+The hook hands each bucket to one worker thread and returns a future at once, so
 communication overlaps the rest of the backward pass; the worker takes buckets in the order DDP
 launches them (the same on every rank), which keeps the collectives of all ranks in step. On
-CUDA the hook runs inline (NCCL calls are asynchronous already, and selection needs the current
-stream).
+CUDA the worker runs the bucket on a side stream of the device that first waits for an event
+recorded where backward produced the gradient; the future is CUDA-aware
+(``Future(devices=...)``), so whoever waits on it (DDP, when backward ends) has its stream wait
+for the bucket's work, not the host. The autograd thread never blocks on a bucket: host reads
+of the selection (thresholds, counts) wait on the worker thread, and phase times come from CUDA
+events (:meth:`SyncState.timer`), not ``torch.cuda.synchronize()``.
 
 DDP rebuilds its buckets after the first iteration: the same parameters in another order, for
 a model whose gradients arrive in reverse layer order. The sparse algorithms therefore see each
@@ -21,6 +25,7 @@ whose set of parameters changes has its residual re-initialised.
 """
 
 import atexit
+import contextlib
 import datetime
 import gc
 import queue
@@ -181,14 +186,16 @@ def _reduce_bucket(state: SyncState, index: int, buffer: torch.Tensor, layout: _
 def _hook(context: _HookContext, bucket) -> torch.futures.Future[torch.Tensor]:
     buffer, index, is_last = bucket.buffer(), bucket.index(), bucket.is_last()
     layout = _Layout(context, bucket)
-    future: torch.futures.Future = torch.futures.Future()
+    cuda = None
     if buffer.is_cuda:
-        try:
-            future.set_result(_reduce_bucket(context.state, index, buffer, layout, is_last))
-        except Exception as exc:
-            future.set_exception(exc)
+        consumer = torch.cuda.current_stream(buffer.device)  # where backward (and DDP) run
+        ready = torch.cuda.Event()
+        ready.record(consumer)  # the bucket's gradient is complete once this is reached
+        cuda = (ready, consumer)
+        future: torch.futures.Future = torch.futures.Future(devices=[buffer.device])
     else:
-        _worker().put((context.state, index, buffer, layout, is_last, future))
+        future = torch.futures.Future()
+    _worker().put((context.state, index, buffer, layout, is_last, future, cuda))
     # torch.futures.Future.set_exception stores the exception as the *value*, which DDP's C++
     # side then fails to cast ("Unable to cast ... to Tensor"). A callback that re-raises it
     # marks the chained future failed in C++, and backward() re-raises the original exception.
@@ -199,10 +206,27 @@ def _value(future: torch.futures.Future) -> torch.Tensor:
     return future.value()
 
 
+_SIDE_STREAMS: dict = {}  # device -> the stream the worker runs that device's buckets on
+
+
+def _on_side_stream(cuda, buffer: torch.Tensor):
+    """The stream context a bucket's work runs in: on CUDA a side stream that first waits for
+    the gradient (the event the hook recorded on backward's stream); on the CPU none."""
+    if cuda is None:
+        return contextlib.nullcontext()
+    ready, _ = cuda
+    stream = _SIDE_STREAMS.get(buffer.device)
+    if stream is None:
+        stream = _SIDE_STREAMS[buffer.device] = torch.cuda.Stream(buffer.device)
+    stream.wait_event(ready)
+    buffer.record_stream(stream)  # DDP's buffer is in use here until this stream passes
+    return torch.cuda.stream(stream)
+
+
 def _work(jobs: queue.Queue) -> None:
     failed: dict = {}  # SyncState id -> the exception that failed its current step
     while True:
-        state, index, buffer, layout, is_last, future = jobs.get()
+        state, index, buffer, layout, is_last, future, cuda = jobs.get()
         earlier = failed.get(id(state))
         if earlier is not None:  # the rest of a failed step is not sent: peers may be gone
             future.set_exception(RuntimeError(
@@ -210,10 +234,18 @@ def _work(jobs: queue.Queue) -> None:
                 f"failed with {type(earlier).__name__}: {earlier}"))
         else:
             try:
-                future.set_result(_reduce_bucket(state, index, buffer, layout, is_last))
+                # set_result inside the context: a CUDA-aware future records its completion
+                # event on the current stream, the side stream that did the work
+                with _on_side_stream(cuda, buffer):
+                    result = _reduce_bucket(state, index, buffer, layout, is_last)
+                    if cuda is not None:
+                        result.record_stream(cuda[1])  # DDP reads it on backward's stream
+                    future.set_result(result)
             except Exception as exc:  # hand every failure to the training thread
                 failed[id(state)] = exc
                 future.set_exception(exc)
         if is_last:  # the next step tries again (and fails at once if the groups are broken)
-            failed.pop(id(state), None)
-        del state, buffer, layout, future  # hold nothing of a model while waiting
+            if failed.pop(id(state), None) is not None:
+                state.abandon_step()
+        # hold nothing of a model while waiting for the next bucket
+        state = buffer = layout = future = cuda = result = None

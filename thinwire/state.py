@@ -74,12 +74,15 @@ class SyncState:
       ``from * (density / from) ** (t / N)``), instead of jumping to the final density;
     * ``weight_decay``: ``wd * p`` added to every gradient before any momentum (the optimizer's
       own weight decay must then be 0);
-    * ``nonfinite``: what a NaN/Inf in any rank's gradient does, decided by all ranks together
-      (a one-hot flag all-reduced per bucket before anything else is sent): "raise" (default)
-      ends the step with FloatingPointError on every rank, naming the ranks; "skip" returns a
-      zero bucket on every rank, keeps the residuals as they were, and sets
-      ``last_step["nonfinite"]`` on every rank: skip ``optimizer.step()`` then, as GradScaler
-      does (its other buckets were sent as usual; their step is dropped with it).
+    * ``nonfinite``: what a NaN/Inf in any rank's gradient does, decided by all ranks
+      together. "raise" (default) ends the step with FloatingPointError on every rank, naming
+      the ranks and buckets: each bucket's check stays on the device (no host read on CUDA)
+      and a bad bucket is zeroed there so every rank's collectives go on in step; the ranks'
+      flags travel once per step, in one small all-reduce at :meth:`end_step`. "skip"
+      decides per bucket before anything of it is sent (a one-hot flag all-reduced per
+      bucket), returns a zero bucket on every rank, keeps the residuals exactly as they were,
+      and sets ``last_step["nonfinite"]`` on every rank: skip ``optimizer.step()`` then, as
+      GradScaler does (its other buckets were sent as usual; their step is dropped with it).
     * ``algorithm_options``: the algorithm's own settings (e.g. oktopk's ``tau``), checked by it.
     """
 
@@ -134,6 +137,10 @@ class SyncState:
         self.topology = topology
         self.steps = 0
         self._bucket = None  # the bucket being reduced, for error messages
+        self._first_bad = None  # "raise": this step's first non-finite bucket + 1 (a tensor)
+        self._step_device = None  # where this step's buckets live (None: none reduced yet)
+        self._device = None  # where the last bucket lived (how phases are timed)
+        self._phase_events: list = []  # CUDA: (phase, start event, end event) of this step
         self.last_step: dict = {}
         self.totals = _empty_step()
         self._current = _empty_step()
@@ -180,8 +187,12 @@ class SyncState:
             raise TypeError(f"gradients must have a floating dtype, got {flat.dtype}")
         self.feedback.layout = layout
         self._bucket = bucket_index
-        if self._any_rank_nonfinite(flat):
-            return torch.zeros_like(flat)  # policy "skip" (or it raised)
+        self._step_device = self._device = flat.device
+        if self.nonfinite == "skip":
+            if self._any_rank_nonfinite(flat):
+                return torch.zeros_like(flat)
+        else:
+            flat = self._note_nonfinite(bucket_index, flat)
         if self.steps < self.dense_iterations:
             return self.feedback.dense_momentum(bucket_index, dense_allreduce(self, flat))
         algorithm = collectives.get(self.algorithm)
@@ -209,28 +220,76 @@ class SyncState:
         start = self.density_warmup_from
         return start * (final / start) ** (t / self.density_warmup_steps)
 
+    def _note_nonfinite(self, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
+        """Policy "raise": remember whether this bucket holds a NaN/Inf (``end_step`` decides
+        for all ranks at once) and return it finite, so that the selection and the collectives
+        of every rank go on in step until then. On the CPU the check is read at once (a bucket
+        that is finite is returned untouched); on CUDA it stays on the device and the bucket
+        is cleaned in place (its values are thrown away with the step if it was bad)."""
+        if flat.device.type == "cpu":
+            if _all_finite(flat):
+                return flat
+            bad = torch.tensor(True)
+            flat = torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0)
+        else:
+            bad = ~torch.isfinite(flat).all()
+            flat.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        here = torch.where(bad, bucket_index + 1, 0).to(torch.int64)
+        self._first_bad = here if self._first_bad is None else torch.where(
+            self._first_bad > 0, self._first_bad, here)
+        return flat
+
+    def _decide_nonfinite(self) -> None:
+        """Policy "raise", once per step: every rank learns which ranks had a non-finite
+        bucket (one all-reduce of one integer per rank) and all of them raise together."""
+        topo, device = self.topology, self._step_device
+        first_bad, self._first_bad, self._step_device = self._first_bad, None, None
+        if device is None:  # nothing was reduced this step
+            return
+        flags = torch.zeros(topo.world_size, dtype=torch.int64, device=device)
+        if first_bad is not None:
+            flags[topo.rank] = first_bad.to(device)
+        if topo.world_size > 1:
+            with self.timer("inter" if topo.nodes > 1 else "intra"):
+                dist.all_reduce(flags, group=topo.world)
+        bad = {rank: flag - 1 for rank, flag in enumerate(flags.tolist()) if flag}
+        if not bad:
+            return
+        self._phase_events = []
+        self._current = _empty_step()
+        self.last_step = {**self._current, "nonfinite": 1.0}
+        where = ", ".join(f"rank {rank} bucket {bucket}" for rank, bucket in bad.items())
+        raise FloatingPointError(
+            f"non-finite gradient (NaN or Inf) at step {self.steps} on rank(s) {sorted(bad)} "
+            f"(first in {where}); every rank stops here. To skip such steps instead, as "
+            "GradScaler does, use nonfinite='skip' and skip optimizer.step() when "
+            "state.last_step['nonfinite'] is set")
+
+    def abandon_step(self) -> None:
+        """Forget what a step that failed part-way noted (the next step starts clean)."""
+        self._first_bad, self._step_device, self._phase_events = None, None, []
+
     def _any_rank_nonfinite(self, flat: torch.Tensor) -> bool:
-        """All ranks learn together whether any rank's bucket holds a NaN or Inf (a sparse
-        selection would fail on one rank only and leave the others waiting)."""
+        """Policy "skip": all ranks learn together, before anything of the bucket is sent,
+        whether any rank's bucket holds a NaN or Inf (a sparse selection would fail on one rank
+        only and leave the others waiting)."""
         topo = self.topology
         flags = torch.zeros(topo.world_size, dtype=torch.float32, device=flat.device)
         flags[topo.rank] = 0.0 if _all_finite(flat) else 1.0
         if topo.world_size > 1:
             with self.timer("inter" if topo.nodes > 1 else "intra"):
                 dist.all_reduce(flags, group=topo.world)
-        bad = [rank for rank, flag in enumerate(flags.tolist()) if flag]
-        if not bad:
+        if not any(flags.tolist()):
             return False
-        if self.nonfinite == "raise":
-            raise FloatingPointError(
-                f"non-finite gradient (NaN or Inf) in bucket {self._bucket} at step "
-                f"{self.steps} on rank(s) {bad}; every rank stops here. To skip such steps "
-                "instead, as GradScaler does, use nonfinite='skip' and skip optimizer.step() "
-                "when state.last_step['nonfinite'] is set")
         self._current["nonfinite"] = 1.0
         return True
 
     def end_step(self) -> None:
+        """The step's last bucket is done: its counters become ``last_step`` (and, policy
+        "raise", all ranks decide together whether one of them saw a NaN/Inf)."""
+        if self.nonfinite == "raise":
+            self._decide_nonfinite()
+        self._read_phase_events()
         self._current["comm_s"] = self._current["intra_s"] + self._current["inter_s"]
         self.last_step = dict(self._current)
         for key, value in self._current.items():
@@ -250,15 +309,22 @@ class SyncState:
 
     @contextmanager
     def timer(self, what: str, members: int | None = None):
-        """Adds the wall time of the block to ``what`` ("select", "intra" or "inter").
+        """Adds the time of the block to ``what`` ("select", "intra" or "inter").
+
+        On the CPU that is wall time. On CUDA it is the time the bucket's stream spends between
+        two events recorded around the block, read at :meth:`end_step`: no
+        ``torch.cuda.synchronize()`` holds the host, so the bucket's work overlaps the rest of
+        backward (``thinwire.ddp`` runs it on a side stream).
 
         ``members``: how many ranks the timed collective spans. With one, no byte crosses the
         link the label names (the collective is a local copy), so its time is not filed there:
         a phase's time and its bytes always sit under the same label."""
-        device_sync = torch.cuda.synchronize if torch.cuda.is_initialized() else None
-        if device_sync:
-            device_sync()
-        start = time.perf_counter()
+        on_cuda = self._device is not None and self._device.type == "cuda"
+        if on_cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+        else:
+            begin = time.perf_counter()
         try:
             yield
         except Exception as exc:  # name where it failed (a timeout names the stuck phase)
@@ -266,10 +332,20 @@ class SyncState:
                          f"phase of bucket {self._bucket} at step {self.steps}")
             raise
         finally:
-            if device_sync:
-                device_sync()
             if members != 1:
-                self._current[f"{what}_s"] += time.perf_counter() - start
+                if on_cuda:
+                    end = torch.cuda.Event(enable_timing=True)
+                    end.record()
+                    self._phase_events.append((what, start, end))
+                else:
+                    self._current[f"{what}_s"] += time.perf_counter() - begin
+
+    def _read_phase_events(self) -> None:
+        """CUDA phase times of this step, from their events (waits for the last one)."""
+        for what, start, end in self._phase_events:
+            end.synchronize()
+            self._current[f"{what}_s"] += start.elapsed_time(end) / 1e3
+        self._phase_events = []
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -279,6 +355,9 @@ class SyncState:
     def __getstate__(self):
         state = self.__dict__.copy()
         state["topology"] = None  # process groups do not pickle
+        for name in ("_first_bad", "_step_device", "_device"):  # a step's, not the state's
+            state[name] = None
+        state["_phase_events"] = []
         state["feedback"] = self.feedback.state_dict()
         state["wire_dtype"] = None
         state["sparse_wire_dtype"] = None
@@ -290,8 +369,10 @@ class SyncState:
                               ("density_warmup_steps", 0), ("density_warmup_from", 0.25),
                               ("weight_decay", 0.0), ("_bucket", None),
                               ("algorithm_options", {}), ("algorithm_state", {}),
-                              ("sparse_wire", "fp32")):
+                              ("sparse_wire", "fp32"), ("_first_bad", None),
+                              ("_step_device", None), ("_device", None)):
             state.setdefault(name, default)
+        state.setdefault("_phase_events", [])  # a list of its own
         state.setdefault("error_feedback", bool(state["feedback"].get("enabled", True)))
         feedback = ErrorFeedback()
         feedback.load_state_dict(state["feedback"])

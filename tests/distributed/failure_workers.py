@@ -62,6 +62,37 @@ def nonfinite_on_one_rank(rank, world, ranks_per_node, algorithm, policy, path):
     return out
 
 
+def collectives_per_step(rank, world, ranks_per_node, policy):
+    """How many all-reduces one step of `synchronize` issues on 3 buckets (allreduce), and the
+    message when rank 1's gradient holds a NaN."""
+    model = _model()
+    state = thinwire.SyncState(thinwire.Topology.build(ranks_per_node), algorithm="allreduce",
+                               nonfinite=policy)
+    calls = []
+    real = dist.all_reduce
+
+    def counting(tensor, *args, **kwargs):
+        calls.append(tensor.numel())
+        return real(tensor, *args, **kwargs)
+
+    out = {}
+    dist.all_reduce = counting
+    try:
+        for step in range(2):
+            model.zero_grad()
+            _loss(model, rank, step, poison=(rank == 1 and step == 1)).backward()
+            calls.clear()
+            try:
+                # one bucket per parameter tensor: 4 buckets
+                thinwire.synchronize(model.parameters(), state, bucket_bytes=1)
+                out[step] = ("ok", list(calls))
+            except FloatingPointError as exc:
+                out[step] = (str(exc), list(calls))
+    finally:
+        dist.all_reduce = real
+    return out
+
+
 def frozen_peer(rank, world, timeout_s, result_path):
     """Rank 1 stops itself (SIGSTOP) at step 2; rank 0 reports what ended its step, and when."""
     model = DDP(_model())

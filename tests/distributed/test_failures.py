@@ -32,6 +32,23 @@ def test_nan_on_one_rank_raises_on_every_rank(algorithm, path):
             assert kind == "FloatingPointError"
 
 
+def test_the_nan_decision_of_raise_costs_one_small_all_reduce_per_step_not_per_bucket():
+    """Policy "raise" (the default): each bucket's check stays local (on CUDA, on the device)
+    and the ranks' flags travel once per step; "skip" decides per bucket, before sending."""
+    raise_ = run_ranks(failure_workers.collectives_per_step, 2, 1, "raise")
+    skip = run_ranks(failure_workers.collectives_per_step, 2, 1, "skip")
+    buckets = 4
+    for result in raise_:
+        status, calls = result[0]
+        assert status == "ok" and len(calls) == buckets + 1 and calls[-1] == 2  # world of 2
+        message, calls = result[1]
+        assert "non-finite gradient (NaN or Inf) at step 1 on rank(s) [1] (first in rank 1 " \
+               "bucket" in message
+        assert len(calls) == buckets + 1  # every rank sent every bucket, then learned it
+    for result in skip:
+        assert result[0] == ("ok", result[0][1]) and len(result[0][1]) == 2 * buckets
+
+
 def test_nan_on_one_rank_is_skipped_by_every_rank_together():
     """nonfinite='skip': every rank gets a zero bucket and the flag, residuals stay as they
     were, and the steps around it synchronise as usual."""
