@@ -16,15 +16,25 @@ from thinwire import collectives, topk
 from thinwire.cliargs import add_algorithm_option, options_by_algorithm
 from thinwire.cluster.cli import add_resource_options, resource_kwargs
 
-COLUMNS = ("algorithm", "median_s", "vs_allreduce", "vs_topk_allgather", "inter_mb", "intra_mb",
-           "select_s", "intra_s", "inter_s")
+COLUMNS = ("algorithm", "nonfinite", "median_s", "vs_allreduce", "vs_topk_allgather",
+           "inter_mb", "intra_mb", "select_s", "intra_s", "inter_s")
 
 
 def run(spec, size: int = 25_600_000, bucket_mb: float = 25.0, density: float = 0.01,
         selector: str = "mstopk", algorithms=None, repeats: int = 5,
-        timeout_s: float = 1800, algorithm_options: dict | None = None) -> dict:
+        timeout_s: float = 1800, algorithm_options: dict | None = None,
+        nonfinite: tuple = ("raise",)) -> dict:
     """``algorithm_options``: {algorithm: {name: value}}, each algorithm's declared settings
-    (checked here, before the cluster is built; an algorithm not timed is refused)."""
+    (checked here, before the cluster is built; an algorithm not timed is refused).
+    ``nonfinite``: the NaN/Inf policies to time (SyncState's), in turns within one run: "raise"
+    decides once per step, "skip" per bucket before sending it."""
+    from thinwire.state import NONFINITE_POLICIES
+
+    nonfinite = list(nonfinite)
+    if not nonfinite or len(set(nonfinite)) != len(nonfinite) or \
+            not set(nonfinite) <= set(NONFINITE_POLICIES):
+        raise ValueError(f"nonfinite must list distinct policies of "
+                         f"{', '.join(NONFINITE_POLICIES)}, got {nonfinite!r}")
     algorithms = list(algorithms or collectives.names())
     algorithm_options = dict(algorithm_options or {})
     for name, given in algorithm_options.items():
@@ -36,15 +46,17 @@ def run(spec, size: int = 25_600_000, bucket_mb: float = 25.0, density: float = 
         spec, "thinwire.bench.sync_worker",
         ["--size", str(size), "--bucket-mb", str(bucket_mb), "--density", str(density),
          "--selector", selector, "--repeats", str(repeats), "--algorithms", *algorithms,
-         "--algorithm-options", json.dumps(algorithm_options)],
+         "--algorithm-options", json.dumps(algorithm_options), "--nonfinite", *nonfinite],
         timeout_s)
-    by_name = {row["algorithm"]: row for row in result["rows"]}
+    by_name = {(row["algorithm"], row["nonfinite"]): row for row in result["rows"]}
     for row in result["rows"]:
         row["inter_mb"] = row["bytes_inter"] / 1e6
         row["intra_mb"] = row["bytes_intra"] / 1e6
-        for base in ("allreduce", "topk_allgather"):
-            if base in by_name:
-                row[f"vs_{base}"] = row["median_s"] / by_name[base]["median_s"]
+        for base in ("allreduce", "topk_allgather"):  # the base with the same policy
+            if (base, row["nonfinite"]) in by_name:
+                row[f"vs_{base}"] = row["median_s"] / by_name[base, row["nonfinite"]]["median_s"]
+        if "skip" in nonfinite:  # the per-step decision against the per-bucket one
+            row["vs_skip"] = row["median_s"] / by_name[row["algorithm"], "skip"]["median_s"]
     result["setting"] = {"nodes": spec.nodes, "ranks_per_node": spec.ranks_per_node,
                          "inter_node_bandwidth": spec.inter_node_bandwidth,
                          "intra_node_bandwidth": spec.intra_node_bandwidth,
@@ -52,7 +64,7 @@ def run(spec, size: int = 25_600_000, bucket_mb: float = 25.0, density: float = 
                          "node_memory": spec.node_memory, "link_classes": spec.link_classes,
                          "size": size, "bucket_mb": bucket_mb,
                          "density": density, "selector": selector, "repeats": repeats,
-                         "algorithm_options": algorithm_options}
+                         "algorithm_options": algorithm_options, "nonfinite": nonfinite}
     return result
 
 
@@ -66,8 +78,10 @@ def _main(args: argparse.Namespace) -> int:
     result = run(spec, args.size, args.bucket_mb, args.density, args.selector, args.algorithms,
                  args.repeats,
                  algorithm_options=options_by_algorithm(args.algorithm_option or [],
-                                                        args.algorithms))
-    print(format_table(result["rows"], COLUMNS))
+                                                        args.algorithms),
+                 nonfinite=args.nonfinite)
+    columns = COLUMNS + (("vs_skip",) if len(args.nonfinite) > 1 else ())
+    print(format_table(result["rows"], columns))
     save_if_asked(args.json, result)
     return 0
 
@@ -94,6 +108,9 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--repeats", type=int, default=5,
                         help="timed synchronisations per algorithm (the median is reported)")
     add_algorithm_option(parser)
+    parser.add_argument("--nonfinite", nargs="+", default=["raise"], metavar="POLICY",
+                        help="NaN/Inf policies to time, in turns: raise (one decision per "
+                             "step) and/or skip (one per bucket, before sending it)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     add_resource_options(parser)
     parser.set_defaults(func=_main)

@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--selector", required=True)
     parser.add_argument("--algorithms", nargs="+", required=True)
     parser.add_argument("--repeats", type=int, required=True)
+    parser.add_argument("--nonfinite", nargs="+", default=["raise"])
     parser.add_argument("--algorithm-options", type=json.loads, default={},
                         help="JSON {algorithm: {name: value}} (checked by bench sync)")
     args = parser.parse_args(argv)
@@ -59,24 +60,30 @@ def main(argv: list[str] | None = None) -> None:
     buckets = list(gradient.split(per_bucket))
     rows = []
     for algorithm in args.algorithms:
-        state = SyncState(topology, algorithm, args.density, args.selector,
-                          algorithm_options=args.algorithm_options.get(algorithm))
-        _one_sync(state, buckets)  # warm-up: residuals exist, allocations done
-        times = []
-        totals = {"select_s": 0.0, "intra_s": 0.0, "inter_s": 0.0}
+        # one state per policy, timed in turns (a policy's repeats never all fall in a slow
+        # stretch of the machine): the ratio between policies comes from one run
+        states = {policy: SyncState(topology, algorithm, args.density, args.selector,
+                                    algorithm_options=args.algorithm_options.get(algorithm),
+                                    nonfinite=policy) for policy in args.nonfinite}
+        times: dict = {policy: [] for policy in states}
+        totals = {policy: {"select_s": 0.0, "intra_s": 0.0, "inter_s": 0.0} for policy in states}
+        for state in states.values():
+            _one_sync(state, buckets)  # warm-up: residuals exist, allocations done
         for _ in range(args.repeats):
-            times.append(_one_sync(state, buckets))
-            for key in totals:
-                totals[key] += state.last_step[key]
-        rows.append({
-            "algorithm": algorithm, "median_s": statistics.median(times), "times_s": times,
-            "bytes_intra": _rank_mean(state.last_step["bytes_intra"], topology),
-            "bytes_inter": _rank_mean(state.last_step["bytes_inter"], topology),
-            "select_s": _rank_mean(totals["select_s"] / args.repeats, topology),
-            "intra_s": _rank_mean(totals["intra_s"] / args.repeats, topology),
-            "inter_s": _rank_mean(totals["inter_s"] / args.repeats, topology),
-            "buckets": len(buckets),
-        })
+            for policy, state in states.items():
+                times[policy].append(_one_sync(state, buckets))
+                for key in totals[policy]:
+                    totals[policy][key] += state.last_step[key]
+        for policy, state in states.items():
+            rows.append({
+                "algorithm": algorithm, "nonfinite": policy,
+                "median_s": statistics.median(times[policy]), "times_s": times[policy],
+                "bytes_intra": _rank_mean(state.last_step["bytes_intra"], topology),
+                "bytes_inter": _rank_mean(state.last_step["bytes_inter"], topology),
+                **{key: _rank_mean(total / args.repeats, topology)
+                   for key, total in totals[policy].items()},
+                "buckets": len(buckets),
+            })
     if topology.rank == 0:
         write_json_atomic(args.out, {"nodes": topology.nodes,
                                      "ranks_per_node": topology.ranks_per_node, "rows": rows})
