@@ -27,9 +27,10 @@ _TYPES = (int, float, bool, str)
 
 @dataclass(frozen=True)
 class Option:
-    """One setting. ``low``/``high`` bound numbers (``low_open``: ``low`` itself excluded);
-    ``choices`` lists a string's values; ``optional``: None is allowed and means "automatic"
-    (what ``help`` says)."""
+    """One setting. ``low``/``high`` bound numbers (``low_open``/``high_open``: the bound itself
+    excluded); ``choices`` lists a string's values (or is a function returning them, read when
+    checked: a registry's names); ``optional``: None is allowed and means "automatic" (what
+    ``help`` says)."""
 
     name: str
     type: type
@@ -38,8 +39,9 @@ class Option:
     low: float | None = None
     high: float | None = None
     low_open: bool = False
-    choices: tuple[str, ...] | None = None
+    choices: Any = None
     optional: bool = False
+    high_open: bool = False
 
     def __post_init__(self):
         if not self.name.isidentifier():
@@ -49,40 +51,49 @@ class Option:
                             f"got {self.type!r}")
         if self.choices is not None and self.type is not str:
             raise TypeError(f"Option {self.name!r}: choices are for str options")
-        self.check(self.default, "the default of")  # a declaration that contradicts itself
+        if not callable(self.choices):  # registries fill theirs later: checked when used
+            self.check(self.default, "the default of")  # a declaration that contradicts itself
+
+    def allowed_choices(self) -> tuple[str, ...] | None:
+        return tuple(self.choices()) if callable(self.choices) else self.choices
 
     def allowed(self) -> str:
         """What the option takes, in words (the second half of every error message)."""
         if self.type is bool:
             text = "true or false"
         elif self.type is str:
-            text = f"one of {', '.join(self.choices)}" if self.choices else "a string"
+            choices = self.allowed_choices()
+            text = f"one of {', '.join(choices)}" if choices else "a string"
         else:
             kind = "an integer" if self.type is int else "a number"
             if self.low is not None and self.high is not None:
-                text = f"{kind} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+                text = (f"{kind} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
+                        f"{')' if self.high_open else ']'}")
             elif self.low is not None:
                 text = f"{kind} {'>' if self.low_open else '>='} {self.low:g}"
             elif self.high is not None:
-                text = f"{kind} <= {self.high:g}"
+                text = f"{kind} {'<' if self.high_open else '<='} {self.high:g}"
             else:
                 text = f"a finite {kind[3:] if kind.startswith('an ') else kind[2:]}"
         return text + (" or none" if self.optional else "")
 
-    def check(self, value, owner: str) -> Any:
+    def check(self, value, owner: str | None = None, label: str | None = None) -> Any:
         """``value`` if the option takes it (an int where a float is declared becomes a
-        float); a ValueError naming ``owner``, the option, the value and what is allowed."""
+        float); else a ValueError naming the option (as ``label``, e.g. a command-line flag,
+        or as ``owner``'s option), the value and what is allowed."""
         if value is None and self.optional:
             return None
         if self._fits(value):
             return float(value) if self.type is float else value
-        raise ValueError(f"{owner} option {self.name!r} must be {self.allowed()}, got {value!r}")
+        name = label if label is not None else f"{owner} option {self.name!r}"
+        raise ValueError(f"{name} must be {self.allowed()}, got {value!r}")
 
     def _fits(self, value) -> bool:
         if self.type is bool:
             return isinstance(value, bool)
         if self.type is str:
-            return isinstance(value, str) and (self.choices is None or value in self.choices)
+            choices = self.allowed_choices()
+            return isinstance(value, str) and (choices is None or value in choices)
         if isinstance(value, bool) or not isinstance(value, (int, float) if self.type is float
                                                      else int):
             return False
@@ -90,9 +101,9 @@ class Option:
             return False
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False
-        return self.high is None or value <= self.high
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
 
-    def parse(self, text: str, owner: str) -> Any:
+    def parse(self, text: str, owner: str | None = None, label: str | None = None) -> Any:
         """Command-line ``text`` as the declared type, checked (``none`` for an optional
         setting's automatic value)."""
         if self.optional and text.lower() == "none":
@@ -105,7 +116,7 @@ class Option:
                 value = self.type(text)
             except ValueError:
                 value = text
-        return self.check(value, owner)
+        return self.check(value, owner, label)
 
 
 def check_options(owner: str, declared: tuple[Option, ...], given) -> dict:

@@ -7,6 +7,7 @@ import torch
 from thinwire.train import TrainConfig, train
 from thinwire.train import checkpoint
 from thinwire.train.checkpoint import rank_file
+from thinwire.train.grad_sync import is_sparse
 
 
 def _run(tmp_path, name, **changes):
@@ -14,6 +15,8 @@ def _run(tmp_path, name, **changes):
                batch_size=16, eval_every=4, progress=False, compute_probe_iters=0,
                checkpoint=str(tmp_path / name), log_every=1)
     cfg.update(changes)
+    if not is_sparse(cfg["algorithm"]) and "density" not in changes:
+        del cfg["density"]  # a dense run refuses a --density (it used to ignore it)
     return train(TrainConfig(**cfg))
 
 

@@ -46,10 +46,14 @@ def test_diloco_train_resumes_exactly(tmp_path, changes, stop, exchanges):
     (dict(sync_every=0), "--sync-every must be an integer >= 1 with --algorithm diloco, got 0"),
     (dict(outer_algorithm="ring"), "--outer-algorithm must be one of"),
     (dict(fragments=0), "--fragments must be an integer >= 1, got 0"),
-    (dict(outer_momentum=1.0), "--outer-momentum must be in [0, 1), got 1.0"),
+    (dict(outer_momentum=1.0), "--outer-momentum must be a number in [0, 1), got 1.0"),
+    (dict(outer_lr=1e30), "--outer-lr must be a number in (0, 10], got 1e+30"),
     (dict(outer_algorithm="sparseloco", outer_bits=3), "bits must be None (float32 values) or "
                                                        "one of 2, 4, 8, got 3"),
-    (dict(outer_algorithm="sparseloco", outer_decay=-0.1), "--outer-decay)"),
+    (dict(outer_algorithm="sparseloco", outer_decay=-0.1),
+     "--outer-decay must be a number in [0, 1], got -0.1"),
+    (dict(outer_bits=3), "--outer-bits applies to --outer-algorithm sparseloco; this run "
+                         "(--algorithm diloco) does not use it, got --outer-bits 3"),
 ])
 def test_diloco_train_bad_options(changes, message):
     cfg = dict(model="mlp", algorithm="diloco", sync_every=3)

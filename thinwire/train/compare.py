@@ -33,8 +33,8 @@ from thinwire.output import write_json_atomic
 from thinwire.cluster import ClusterSpec, missing_requirements, parse_rate
 from thinwire.cluster import run as cluster_run
 from thinwire.cluster.launch import EXIT_TIMEOUT
-from thinwire import collectives
-from thinwire.train import data, grad_sync, models, modes, quality, report, workloads
+from thinwire.train import (data, grad_sync, models, modes, quality, report, settings,
+                            workloads)
 from thinwire.train.config import TrainConfig
 
 log = logging.getLogger("thinwire.compare")
@@ -130,13 +130,21 @@ class CompareSettings:
         if language != (wl.metric == "bits_per_byte"):
             raise ValueError(f"--model {base.model} does not fit workload {wl.name} "
                              f"(judged by {wl.metric})")
-        used = set()
+        used, configs = set(), []
         for algorithm in self.algorithms:  # every run's config, checked before the first runs
             cfg = self.run_config(algorithm).validate()
+            configs.append(cfg)
             used.update(modes.mode_of(algorithm).collectives(cfg))
+        race = f"(--algorithms {','.join(self.algorithms)})"
         for name in sorted(set(base.algorithm_options) - used):
             raise ValueError(f"--algorithm-option {name}:...: no run of this race uses {name} "
-                             f"(--algorithms {','.join(self.algorithms)})")
+                             f"{race}")
+        for name, value in self.train.items():  # a setting the user gave, used by no run
+            setting = settings.BY_NAME.get(name)
+            if setting is not None and setting.applies is not None and \
+                    all(getattr(cfg, name) != value for cfg in configs):
+                raise ValueError(f"{setting.cli_flag} applies to {setting.applies_text}; no run "
+                                 f"of this race uses it {race}")
         return self
 
     def resolved_target(self) -> float:
@@ -158,27 +166,24 @@ class CompareSettings:
         wl = workloads.WORKLOADS[self.workload]
         base = self.base_config()
         target = self.resolved_target()
-        extra = {}
-        if not grad_sync.is_sparse(algorithm):  # options that only the sparse methods take
-            extra = {"momentum_correction": False, "dense_warmup_steps": 0,
-                     "density_warmup_steps": 0}
-        if not grad_sync.is_thinwire(algorithm):  # PyTorch's peers have their own wire format
-            extra["wire"] = "none"
-        if algorithm not in collectives.sparse_wire_names():  # values in the gradient's dtype
-            extra["sparse_wire"] = "fp32"
         mode = modes.mode_of(algorithm)
-        extra.update(mode.compare_recipe)  # torchft's: its documented one
+        cfg = dataclasses.replace(base, algorithm=algorithm,
+                                  **mode.compare_recipe)  # torchft's: its documented one
+        # a race's setting this run does not use goes back to its default (ddp takes no
+        # --density); resetting one can make another inapplicable (--density-warmup-from)
+        while reset := settings.inapplicable(cfg):
+            cfg = dataclasses.replace(cfg, **reset)
         # each run takes the declared options of the algorithms it runs, not the race's others
-        runs = mode.collectives(dataclasses.replace(base, algorithm=algorithm, **extra))
-        extra["algorithm_options"] = {name: values for name, values
-                                      in base.algorithm_options.items() if name in runs}
+        runs = mode.collectives(cfg)
         return dataclasses.replace(
-            base, algorithm=algorithm, lr=base.lr if lr is None else lr,
+            cfg, lr=base.lr if lr is None else lr,
             seed=base.seed if seed is None else seed, progress=False, log_every=1,
             eval_every=self.eval_every or wl.eval_every, ranks_per_node=self.ranks_per_node,
             target_accuracy=target if wl.metric == "test_accuracy" else None,
             target_bits_per_byte=target if wl.metric == "bits_per_byte" else None,
-            stop_at_target=self.stop_at_target, budget_s=self.resolved_budget(), **extra)
+            stop_at_target=self.stop_at_target, budget_s=self.resolved_budget(),
+            algorithm_options={name: values for name, values
+                               in base.algorithm_options.items() if name in runs})
 
     def common(self) -> dict:
         """What every run shares (the `setting` of results.json)."""

@@ -41,6 +41,11 @@ def is_sparse(name: str) -> bool:
     return is_thinwire(name) and collectives.get(name).sparse
 
 
+def takes_powersgd_settings(name: str) -> bool:
+    """--powersgd-rank and --powersgd-start-iter are the PowerSGD peer's alone."""
+    return name == "powersgd"
+
+
 def check_algorithm(name: str) -> str:
     if name not in algorithm_names():
         raise ValueError(f"--algorithm must be one of {', '.join(algorithm_names())}, "
