@@ -14,7 +14,7 @@ recorded where backward produced the gradient; the future is CUDA-aware
 (``Future(devices=...)``), so whoever waits on it (DDP, when backward ends) has its stream wait
 for the bucket's work, not the host. The autograd thread never blocks on a bucket: host reads
 of the selection (thresholds, counts) wait on the worker thread, and phase times come from CUDA
-events (:meth:`SyncState.timer`), not ``torch.cuda.synchronize()``.
+events (:meth:`SyncState.timer`), never a device-wide synchronisation.
 
 DDP rebuilds its buckets after the first iteration: the same parameters in another order, for
 a model whose gradients arrive in reverse layer order. The sparse algorithms therefore see each
@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from thinwire import collectives
 from thinwire.state import SyncState
 from thinwire.topology import Topology
 
@@ -54,8 +55,9 @@ def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None
     collective (default: the one given to ``init_process_group``); a peer that stops answering
     ends the step with an error naming the phase. Collective: every rank calls it.
 
-    A failure in the hook reaches ``loss.backward()`` on this rank with its original type and
-    message; the worker thread ends when the model is garbage-collected.
+    A failure in the hook reaches ``loss.backward()`` on this rank with its original message
+    (DDP's C++ side re-raises it as a RuntimeError; ``thinwire.synchronize`` keeps the type).
+    The worker thread is shared by every registered model and runs for the process's life.
     """
     if not isinstance(ddp_model, DistributedDataParallel):
         raise TypeError(f"ddp_model must be a torch.nn.parallel.DistributedDataParallel, got "
@@ -172,7 +174,10 @@ class _Layout:
 def _reduce_bucket(state: SyncState, index: int, buffer: torch.Tensor, layout: _Layout,
                    is_last: bool) -> torch.Tensor:
     state.add_weight_decay(buffer, layout.params)  # in DDP's order, before any reordering
-    if state.feedback.enabled:  # residuals and velocities live in canonical order
+    # A sparse algorithm's selection, shards and residuals depend on the order of the entries:
+    # canonical (model) order, the same before and after DDP's rebuild and in synchronize().
+    # A dense average does not: DDP's order, no copy.
+    if collectives.get(state.algorithm).sparse:
         result = layout.from_canonical(
             state.reduce(index, layout.to_canonical(buffer), layout.signature), out=buffer)
     else:

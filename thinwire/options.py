@@ -8,7 +8,7 @@ its settings once, with name, type, range, default and help. From that one decla
   simulator and the checkpoint identity use;
 * ``Option.parse(text)`` turns command-line text into the declared type (``thinwire train``,
   ``compare``, ``bench sync`` and ``simulate`` take ``--algorithm-option ALGORITHM:NAME=VALUE``);
-* ``describe(declared)`` is the help text.
+* ``Option.allowed()`` is what the help text and every error message say it takes.
 
 Values are plain JSON types (int, float, bool, str, or None where ``optional``), so a
 configuration file, a checkpoint and a command line all hold the same thing.
@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Option", "check_options", "describe"]
+__all__ = ["Option", "check_options"]
 
 _TYPES = (int, float, bool, str)
 
@@ -134,11 +134,3 @@ def check_options(owner: str, declared: tuple[Option, ...], given) -> dict:
                          f" {allowed}")
     return {name: option.check(given.get(name, option.default), owner)
             for name, option in by_name.items()}
-
-
-def describe(declared: tuple[Option, ...]) -> str:
-    """One line per option: ``name (default; allowed): help``."""
-    def default(option):
-        return "automatic" if option.default is None else str(option.default).lower() \
-            if isinstance(option.default, bool) else f"{option.default}"
-    return "\n".join(f"{o.name} ({default(o)}; {o.allowed()}): {o.help}" for o in declared)

@@ -312,9 +312,9 @@ class SyncState:
         """Adds the time of the block to ``what`` ("select", "intra" or "inter").
 
         On the CPU that is wall time. On CUDA it is the time the bucket's stream spends between
-        two events recorded around the block, read at :meth:`end_step`: no
-        ``torch.cuda.synchronize()`` holds the host, so the bucket's work overlaps the rest of
-        backward (``thinwire.ddp`` runs it on a side stream).
+        two events recorded around the block, read at :meth:`end_step`: no device-wide
+        synchronisation holds the host, so the bucket's work overlaps the rest of backward
+        (``thinwire.ddp`` runs it on a side stream).
 
         ``members``: how many ranks the timed collective spans. With one, no byte crosses the
         link the label names (the collective is a local copy), so its time is not filed there:

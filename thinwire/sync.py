@@ -53,6 +53,14 @@ def synchronize(parameters: Iterable[torch.Tensor], state,
     if any(p.grad.is_sparse for p in params):
         raise TypeError("sparse gradients are not supported; use dense embeddings here")
     position = {id(p): i for i, p in enumerate(params)}
+    try:
+        _reduce_buckets(params, state, bucket_bytes, position)
+    except BaseException:
+        state.abandon_step()  # a caller that goes on starts the next step clean
+        raise
+
+
+def _reduce_buckets(params, state, bucket_bytes: int, position: dict) -> None:
     for index, bucket in enumerate(buckets(params, bucket_bytes)):
         bucket = sorted(bucket, key=lambda p: position[id(p)])  # canonical: model order
         flat = torch.cat([p.grad.reshape(-1) for p in bucket])

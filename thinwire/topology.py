@@ -49,9 +49,10 @@ class Topology:
     @classmethod
     def build(cls, ranks_per_node: int | None = None,
               timeout: datetime.timedelta | float | None = None) -> "Topology":
-        """Collective: every rank calls it. ``ranks_per_node`` defaults to torchrun's
-        ``LOCAL_WORLD_SIZE`` (or ``THINWIRE_RANKS_PER_NODE``), so one machine can act as several
-        nodes when it is given explicitly. ``timeout`` (a timedelta or seconds) bounds every
+        """Collective: every rank calls it. ``ranks_per_node`` defaults to
+        ``THINWIRE_RANKS_PER_NODE`` (the emulated cluster's), else torchrun's
+        ``LOCAL_WORLD_SIZE``, so one machine can act as several nodes when it is given
+        explicitly. ``timeout`` (a timedelta or seconds) bounds every
         collective on the groups; by default the one given to ``init_process_group``, so a
         frozen peer ends thinwire's collectives as soon as it ends the user's own."""
         if not dist.is_initialized():

@@ -278,7 +278,10 @@ def test_second_registration_on_the_same_model_is_refused():
          dense_iterations=1, momentum_correction=0.9, weight_decay=0.01),
     dict(algorithm="topk_allgather", density=0.05, selector="exact", weight_decay=0.01),
     dict(algorithm="allreduce", weight_decay=0.01),
-], ids=["hitopk-warmup-momentum-wd", "topk_allgather-wd", "allreduce-wd"])
+    # without error feedback the selection still sees model order (it saw DDP's rebuilt order)
+    dict(algorithm="hitopk", density=0.05, selector="exact", dense_below_bytes=0,
+         error_feedback=False),
+], ids=["hitopk-warmup-momentum-wd", "topk_allgather-wd", "allreduce-wd", "hitopk-no-feedback"])
 def test_synchronize_equals_the_ddp_hook_for_the_same_settings(settings):
     """Dense warm-up, weight decay in the hook, momentum correction and the canonical bucket
     order belong to SyncState, so both entry points give the same training (2 x 2)."""

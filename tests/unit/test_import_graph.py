@@ -1,7 +1,7 @@
 """The package's import graph keeps its layers (docs/design.md, "Layers and the import test").
 
 Every ``import`` of a thinwire module counts, function-local ones included (a lazy import is
-still a dependency). Three rules:
+still a dependency). Four rules:
 * no import cycles between modules (a package's ``__init__`` that re-exports is not a member:
   ``from thinwire.cluster import parse_rate`` inside thinwire.cluster is not a cycle);
 * the library (what a training script imports) never imports the application or the lab;

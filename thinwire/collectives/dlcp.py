@@ -105,7 +105,7 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     corrected = state.feedback.add_residual(bucket_index, flat.clone())
     numel = corrected.numel()
     with state.timer("select"):
-        values, indices = state.compressor.select(corrected)
+        values, indices = state.compressor.select(corrected, key=bucket_index)
     state.feedback.keep(bucket_index, corrected, indices)
     # DDP's bucket 0 holds the output layers; the highest index, the input's
     transport.max_bucket = max(getattr(transport, "max_bucket", 0), bucket_index)

@@ -162,7 +162,11 @@ class DiLoCo:
     @torch.no_grad()
     def _apply(self, f: int) -> None:
         _, exchange = self._pending.pop(f)
-        averaged = exchange.wait()
+        try:
+            averaged = exchange.wait()
+        except BaseException:
+            self.state.abandon_step()  # what the failed exchange noted is not the next one's
+            raise
         self.state.end_step()
         m, lr = self.outer_momentum, self.outer_lr
         for (_, members), flat in zip(self.buckets[f], averaged):

@@ -130,8 +130,3 @@ def check_algorithm_options(cfg) -> dict:
                              f"run (--algorithm {cfg.algorithm}) uses {runs}, so {name}'s "
                              f"options would be ignored")
     return {name: collectives.get(name).check_options(given[name]) for name in given}
-
-
-def run_options(cfg, algorithm: str) -> dict | None:
-    """The declared options the run gives ``algorithm`` (None: the algorithm's defaults)."""
-    return cfg.algorithm_options.get(algorithm)
