@@ -40,7 +40,7 @@ import os
 import torch
 
 from thinwire.collectives import costs, traffic
-from thinwire.collectives.primitives import sum_sparse
+from thinwire.collectives.primitives import select_for_wire, sum_sparse
 from thinwire.collectives.registry import Algorithm, register
 from thinwire.options import Option
 from thinwire.transport import endpoint as transport_options
@@ -104,9 +104,8 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     transport = _transport(state)
     corrected = state.feedback.add_residual(bucket_index, flat.clone())
     numel = corrected.numel()
-    with state.timer("select"):
-        values, indices = state.compressor.select(corrected, key=bucket_index)
-    state.feedback.keep(bucket_index, corrected, indices)
+    # the shared selection + error feedback (dlcp sends fp32 values: nothing is rounded)
+    values, indices = select_for_wire(state, bucket_index, corrected)
     # DDP's bucket 0 holds the output layers; the highest index, the input's
     transport.max_bucket = max(getattr(transport, "max_bucket", 0), bucket_index)
     position = 1.0 - bucket_index / transport.max_bucket if transport.max_bucket else 0.5
