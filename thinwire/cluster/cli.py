@@ -36,7 +36,7 @@ def add_spec_options(parser: argparse.ArgumentParser, default_ranks: int) -> Non
 
 def add_resource_options(parser: argparse.ArgumentParser) -> None:
     """--node-cpus, --node-memory, --best-effort-limits, --link-classes, --class-queue,
-    --links-per-node, --link-mtu: shared
+    --links-per-node, --link-mtu, --bandwidth-schedule: shared
     with `thinwire compare` and `bench sync` (read back with `resource_kwargs`)."""
     group = parser.add_argument_group("node budgets and priority classes")
     group.add_argument("--node-cpus", type=float, default=None, metavar="CORES",
@@ -58,6 +58,10 @@ def add_resource_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--link-mtu", type=int, default=1500, metavar="BYTES",
                        help="MTU of the node links, 1280..9000: 9000 is a jumbo frame, as "
                             "cloud VPCs offer (default 1500)")
+    group.add_argument("--bandwidth-schedule", default=None, metavar="TIME:RATE,...",
+                       help="the inter-node rate over time, e.g. 0s:200mbit,40s:25mbit,80s:200mbit"
+                            ": from each time on (after the job starts) every node's links run "
+                            "at that rate; each change is logged with its time")
     group.add_argument("--class-queue", type=int, nargs="+", default=None, metavar="PACKETS",
                        help="queue length of each class in packets: one value for all or one "
                             "per class, highest class first (default 1000)")
@@ -71,7 +75,9 @@ def resource_kwargs(args: argparse.Namespace) -> dict:
             "class_queue": (queue[0] if len(queue) == 1 else tuple(queue)) if queue else None,
             # only where set: compare counts any given resource as asking for the shaped cluster
             **({"links_per_node": args.links_per_node} if args.links_per_node != 1 else {}),
-            **({"link_mtu": args.link_mtu} if args.link_mtu != 1500 else {})}
+            **({"link_mtu": args.link_mtu} if args.link_mtu != 1500 else {}),
+            **({"bandwidth_schedule": args.bandwidth_schedule}
+               if getattr(args, "bandwidth_schedule", None) else {})}
 
 
 def spec_from_args(args: argparse.Namespace) -> ClusterSpec:

@@ -29,6 +29,7 @@ from thinwire.output import write_json_atomic
 from thinwire.cluster.accounting import NodeMonitor
 from thinwire.cluster.cgroups import join as join_cgroups
 from thinwire.cluster.netns import Network, kill_namespace_processes
+from thinwire.cluster.schedule import BandwidthSchedule
 from thinwire.cluster.spec import ClusterSpec
 from thinwire.ports import free_port
 
@@ -249,7 +250,9 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
     into the output: a stalled job shows where it stood.
     A node killed for exceeding `spec.node_memory` raises `NodeOutOfMemory` (after cleanup).
     `stats_path`: write the per-node accounting there as JSON (CPU seconds, peak memory, link
-    bytes, time series every 100 ms, priority-class drops); shaped runs only.
+    bytes, time series every 100 ms, priority-class drops, the bandwidth schedule's changes);
+    shaped runs only. `spec.bandwidth_schedule` changes the inter-node links' rate while the
+    job runs (`thinwire.cluster.schedule`).
     """
     if not isinstance(spec, ClusterSpec):
         raise TypeError(f"spec must be a ClusterSpec, got {type(spec).__name__}")
@@ -265,6 +268,8 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
     procs: list[subprocess.Popen] = []
     threads: list[threading.Thread] = []
     monitors: list[NodeMonitor] = []
+    schedule = BandwidthSchedule(network, spec.bandwidth_steps) if spec.bandwidth_steps \
+        else None
     log_dir = tempfile.mkdtemp(prefix="thinwire-cluster-logs-")
     status = None
     try:
@@ -272,7 +277,10 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
             try:
                 _start(spec, list(command), env, network, log_dir, output, procs, threads,
                        monitors)
-                status = _wait(procs, timeout_s, monitors[0] if monitors else None, stop_when)
+                if schedule is not None:
+                    schedule.start()
+                status = _wait(procs, timeout_s, monitors[0] if monitors else None, stop_when,
+                               schedule.tick if schedule is not None else None)
                 if status != 0 and monitors and monitors[0].check_oom() is not None:
                     raise monitors[0].oom
                 return status
@@ -286,6 +294,8 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
                     shutil.rmtree(log_dir, ignore_errors=True)
                     try:
                         stats = _collect_stats(network, monitors, status)
+                        if stats is not None and schedule is not None:
+                            stats["bandwidth_changes"] = schedule.changes
                     except Exception:  # never let accounting stand in the way of teardown
                         log.exception("could not collect the run's accounting")
                         stats = None
@@ -353,10 +363,14 @@ def _start(spec: ClusterSpec, command: list[str], env: dict | None, network: Net
 
 def _wait(procs: list[subprocess.Popen], timeout_s: float | None,
           monitor: NodeMonitor | None = None,
-          stop_when: Callable[[], str | None] | None = None) -> int:
-    """0 when all nodes succeed; as soon as one fails or time runs out, the status to report."""
+          stop_when: Callable[[], str | None] | None = None,
+          tick: Callable[[], None] | None = None) -> int:
+    """0 when all nodes succeed; as soon as one fails or time runs out, the status to report.
+    ``tick``: called every round (a bandwidth schedule's due changes)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
+        if tick is not None:
+            tick()
         reason = stop_when() if stop_when is not None else None
         if reason:
             log.error("cluster run stopped: %s; the ranks' stacks follow in the output", reason)

@@ -135,9 +135,7 @@ def tc_commands(dev: str, rate_bps: int | None, delay_s: float | None = None,
         cmds += qos.priority_tc_commands(dev, rate_bps or 100 * 10**9, burst, class_queues,
                                          int(delay_s * 1e6) if delay_s else None)
     else:
-        cmds = [root + ["10"],
-                ["class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate",
-                 rate, "ceil", rate, "burst", burst, "cburst", burst, "quantum", "200000"]]
+        cmds = [root + ["10"], qos.htb_class("add", dev, "1:", "1:10", rate, rate, burst)]
         leaf = ["qdisc", "add", "dev", dev, "parent", "1:10", "handle", "10:"]
         if delay_s:
             cmds.append(leaf + ["netem", "delay", f"{delay_s * 1e6:.0f}us", "limit", "100000"])
@@ -153,6 +151,17 @@ def tc_commands(dev: str, rate_bps: int | None, delay_s: float | None = None,
              "bytecode", _loss_filter_bytecode(drop_fraction, 0x10020), "classid", "1:20"],
         ]
     return cmds
+
+
+def rate_change_commands(dev: str, rate_bps: int,
+                         class_queues: tuple[int, ...] | None = None) -> list[list[str]]:
+    """tc argv lists that move a link shaped by `tc_commands` to `rate_bps` while it carries
+    traffic (HTB changes a class's rate in place; queued packets stay)."""
+    burst = str(htb_burst_bytes(rate_bps))
+    if class_queues:
+        return qos.priority_rate_commands(dev, rate_bps, burst, len(class_queues))
+    rate = f"{rate_bps}bit"
+    return [qos.htb_class("change", dev, "1:", "1:10", rate, rate, burst)]
 
 
 def rail_address(node_address: str, link: int) -> str:
@@ -276,6 +285,17 @@ class Network:
     def _tc(self, ns: str, cmds: list[list[str]]) -> None:
         for cmd in cmds:
             sh("tc", "-n", ns, *cmd)
+
+    def set_inter_node_rate(self, rate_bps: int) -> None:
+        """Every node's links, both directions, to `rate_bps` (split over a node's links)."""
+        spec = self.spec
+        per_link = rate_bps // spec.links_per_node
+        for i in range(spec.nodes):
+            for port, dev, _ in self.links(i, spec.links_per_node):
+                self._tc(self.node_ns(i), rate_change_commands(dev, per_link,
+                                                              spec.class_queue_packets))
+                self._tc(self.switch_ns, rate_change_commands(port, per_link,
+                                                             spec.class_queue_packets))
 
     def netem_available(self) -> bool:
         probe = sh("tc", "-n", self.switch_ns, "qdisc", "add", "dev", "lo", "root", "netem",

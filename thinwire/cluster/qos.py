@@ -131,21 +131,39 @@ def run_classify(tos: int, classes: int, ethertype: int = 0x0800) -> int:
             raise AssertionError(f"opcode {code:#x} not interpreted")
 
 
+def htb_class(verb: str, dev: str, parent: str, cid: str, rate: str, ceil: str, burst: str,
+              prio: int | None = None) -> list[str]:
+    """`class add|change` argv of one HTB class (the same arguments when it is created and
+    when a bandwidth schedule changes its rate)."""
+    return (["class", verb, "dev", dev, "parent", parent, "classid", cid, "htb", "rate", rate,
+             "ceil", ceil, "burst", burst, "cburst", burst]
+            + (["prio", str(prio)] if prio is not None else []) + ["quantum", "200000"])
+
+
+def _trickle(rate_bps: int) -> str:
+    # The guaranteed trickle: 1/1000 of the wire (at least 8 kbit), so borrowing decides.
+    return f"{max(rate_bps // 1000, 8000)}bit"
+
+
+def priority_rate_commands(dev: str, rate_bps: int, burst: str, classes: int
+                           ) -> list[list[str]]:
+    """tc argv lists that move the wire of an existing priority tree to ``rate_bps``."""
+    rate = f"{rate_bps}bit"
+    return [htb_class("change", dev, "1:", "1:1", rate, rate, burst)] + [
+        htb_class("change", dev, "1:1", classid(k), _trickle(rate_bps), rate, burst, prio=k)
+        for k in range(classes)]
+
+
 def priority_tc_commands(dev: str, rate_bps: int, burst: str, queues: tuple[int, ...],
                          leaf_delay_us: int | None = None) -> list[list[str]]:
     """tc argv lists (without `tc -n NS`) for the classes under an existing `root htb 1:`.
     The root must have been created with `default <lowest class minor>`."""
     rate = f"{rate_bps}bit"
-    # The guaranteed trickle: 1/1000 of the wire (at least 8 kbit), so borrowing decides.
-    trickle = f"{max(rate_bps // 1000, 8000)}bit"
-    cmds = [["class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate,
-             "ceil", rate, "burst", burst, "cburst", burst, "quantum", "200000"]]
+    cmds = [htb_class("add", dev, "1:", "1:1", rate, rate, burst)]
     for k, limit in enumerate(queues):
         cid = classid(k)
         minor = cid.split(":")[1]
-        cmds.append(["class", "add", "dev", dev, "parent", "1:1", "classid", cid, "htb",
-                     "rate", trickle, "ceil", rate, "burst", burst, "cburst", burst,
-                     "prio", str(k), "quantum", "200000"])
+        cmds.append(htb_class("add", dev, "1:1", cid, _trickle(rate_bps), rate, burst, prio=k))
         if leaf_delay_us:
             cmds.append(["qdisc", "add", "dev", dev, "parent", cid, "handle", f"{minor}:",
                          "netem", "delay", f"{leaf_delay_us}us", "limit", str(limit)])

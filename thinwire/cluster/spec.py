@@ -30,6 +30,9 @@ MAX_CLASS_QUEUE = 100_000
 DEFAULT_CLASS_QUEUE = 1000
 MIN_LINK_MTU, MAX_LINK_MTU = 1280, 9000  # IPv6's minimum .. the usual jumbo frame
 MAX_LINKS_PER_NODE = 8         # link k of node i is 10.77.k.(i+1): k = 0..7 (10.77.0.0/21)
+MAX_SCHEDULE_STEPS = 1000
+MAX_SCHEDULE_S = 7 * 86400.0   # a week: beyond any run the emulator is for
+SCHEDULE_TIME_UNITS = {"ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
 
 _NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z%]*)\s*$", re.IGNORECASE)
 
@@ -103,6 +106,38 @@ def parse_size(value: str | int, param: str = "node_memory") -> int:
     return int(number * SIZE_UNITS[unit])
 
 
+def parse_bandwidth_schedule(value: str, param: str = "bandwidth_schedule"
+                             ) -> tuple[tuple[float, int], ...]:
+    """'0s:200mbit,40s:25mbit,80s:200mbit' -> ((0.0, 200_000_000), (40.0, 25_000_000), ...):
+    from each time on (seconds after the job starts) the inter-node links run at that rate.
+    Times strictly increasing, each >= 0; rates as parse_rate takes them."""
+    example = "'0s:200mbit,40s:25mbit,80s:200mbit'"
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{param} must be a string like {example}, got {value!r}")
+    steps: list[tuple[float, int]] = []
+    for item in value.split(","):
+        time_text, sep, rate_text = item.strip().partition(":")
+        if not sep:
+            raise ValueError(f"{param}: every entry must be TIME:RATE (e.g. 40s:25mbit), got "
+                             f"{item.strip()!r} in {value!r}")
+        number, unit = _split(f"{param} time", time_text, "'40s'",
+                              "units: " + ", ".join(SCHEDULE_TIME_UNITS))
+        if unit not in SCHEDULE_TIME_UNITS:
+            raise ValueError(f"{param}: time {time_text.strip()!r} needs a unit, one of "
+                             f"{', '.join(SCHEDULE_TIME_UNITS)}")
+        seconds = number * SCHEDULE_TIME_UNITS[unit]
+        if not seconds <= MAX_SCHEDULE_S:
+            raise ValueError(f"{param}: time {time_text.strip()!r} is past "
+                             f"{MAX_SCHEDULE_S:g} s")
+        if steps and not seconds > steps[-1][0]:
+            raise ValueError(f"{param}: times must increase, got {time_text.strip()!r} after "
+                             f"{steps[-1][0]:g}s in {value!r}")
+        steps.append((seconds, parse_rate(rate_text.strip(), f"{param} rate")))
+    if len(steps) > MAX_SCHEDULE_STEPS:
+        raise ValueError(f"{param}: at most {MAX_SCHEDULE_STEPS} entries, got {len(steps)}")
+    return tuple(steps)
+
+
 def parse_node_cpus(value: float | str, param: str = "node_cpus") -> float:
     """CPU cores per node as a positive number no larger than the machine's core count."""
     try:
@@ -173,6 +208,10 @@ class ClusterSpec:
         split. Ordinary traffic (gloo) uses link 0; dlcp sprays its datagrams over all K.
     link_mtu: MTU of every node link (default 1500, Ethernet's; 9000 is a jumbo frame, as
         public clouds offer inside a VPC, e.g. 9001 on AWS).
+    bandwidth_schedule: the inter-node rate over time, '0s:200mbit,40s:25mbit,80s:200mbit':
+        from each time on (seconds after the job starts) every node's links run at that rate
+        (split over its links as inter_node_bandwidth is); the links start at
+        inter_node_bandwidth, which must be set. Each change is logged with its time.
     """
 
     nodes: int
@@ -189,6 +228,7 @@ class ClusterSpec:
     class_queue: int | tuple[int, ...] | None = None
     links_per_node: int = 1
     link_mtu: int = 1500
+    bandwidth_schedule: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.class_queue, list):  # frozen dataclass: keep it hashable
@@ -232,6 +272,16 @@ class ClusterSpec:
         if self.link_mtu != 1500 and not self.shaping:
             raise ValueError(f"link_mtu={self.link_mtu} needs the shaped cluster (shaping=True): "
                              f"the loopback's MTU is not the cluster's to change")
+        if self.bandwidth_schedule is not None:
+            if not self.shaping or self.inter_node_bps is None:
+                raise ValueError(f"bandwidth_schedule={self.bandwidth_schedule!r} needs shaped "
+                                 f"inter-node links (shaping=True and an inter_node_bandwidth "
+                                 f"to start from)")
+            for _, bps in self.bandwidth_steps:
+                if bps // self.links_per_node < MIN_RATE_BPS:
+                    raise ValueError(f"bandwidth_schedule: {format_rate(bps)} split over "
+                                     f"{self.links_per_node} links is below "
+                                     f"{format_rate(MIN_RATE_BPS)} per link")
         if (self.node_cpus is not None or self.node_memory is not None) and not self.shaping:
             raise ValueError("node_cpus / node_memory need the shaped cluster (shaping=True, "
                              "root): the node cgroups are created with the namespaces")
@@ -278,6 +328,13 @@ class ClusterSpec:
         return parse_rate(self.inter_node_bandwidth, "inter_node_bandwidth")
 
     @property
+    def bandwidth_steps(self) -> tuple[tuple[float, int], ...]:
+        """The parsed bandwidth_schedule: ((seconds, bits per second), ...); () without one."""
+        if self.bandwidth_schedule is None:
+            return ()
+        return parse_bandwidth_schedule(self.bandwidth_schedule)
+
+    @property
     def link_bps(self) -> int | None:
         """The shaped rate of each of a node's links: the node's rate split over its links."""
         bps = self.inter_node_bps
@@ -321,6 +378,9 @@ class ClusterSpec:
         if self.link_classes:
             parts.append(f"{self.link_classes} priority classes "
                          f"(queues {'/'.join(map(str, self.class_queue_packets or ()))} pkts)")
+        if self.bandwidth_steps:
+            parts.append("bandwidth schedule " + ", ".join(
+                f"{t:g}s:{format_rate(bps)}" for t, bps in self.bandwidth_steps))
         if self.node_cpus is not None:
             parts.append(f"{self.node_cpus:g} CPU/node")
         if self.node_memory_bytes is not None:
