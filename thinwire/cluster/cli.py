@@ -36,7 +36,7 @@ def add_spec_options(parser: argparse.ArgumentParser, default_ranks: int) -> Non
 
 def add_resource_options(parser: argparse.ArgumentParser) -> None:
     """--node-cpus, --node-memory, --best-effort-limits, --link-classes, --class-queue,
-    --links-per-node, --link-mtu, --bandwidth-schedule: shared
+    --links-per-node, --link-mtu, --bandwidth-schedule, --fail: shared
     with `thinwire compare` and `bench sync` (read back with `resource_kwargs`)."""
     group = parser.add_argument_group("node budgets and priority classes")
     group.add_argument("--node-cpus", type=float, default=None, metavar="CORES",
@@ -62,6 +62,12 @@ def add_resource_options(parser: argparse.ArgumentParser) -> None:
                        help="the inter-node rate over time, e.g. 0s:200mbit,40s:25mbit,80s:200mbit"
                             ": from each time on (after the job starts) every node's links run "
                             "at that rate; each change is logged with its time")
+    group.add_argument("--fail", dest="failure_schedule", default=None,
+                       metavar="nodeN@TIME[,restart@TIME];...",
+                       help="nodes that vanish while the job runs, e.g. "
+                            "node1@30s,restart@45s;node2@90s: every process of the node is "
+                            "killed (SIGKILL) at the time, its launcher started again at the "
+                            "restart; each is logged with its time")
     group.add_argument("--class-queue", type=int, nargs="+", default=None, metavar="PACKETS",
                        help="queue length of each class in packets: one value for all or one "
                             "per class, highest class first (default 1000)")
@@ -77,7 +83,9 @@ def resource_kwargs(args: argparse.Namespace) -> dict:
             **({"links_per_node": args.links_per_node} if args.links_per_node != 1 else {}),
             **({"link_mtu": args.link_mtu} if args.link_mtu != 1500 else {}),
             **({"bandwidth_schedule": args.bandwidth_schedule}
-               if getattr(args, "bandwidth_schedule", None) else {})}
+               if getattr(args, "bandwidth_schedule", None) else {}),
+            **({"failure_schedule": args.failure_schedule}
+               if getattr(args, "failure_schedule", None) else {})}
 
 
 def spec_from_args(args: argparse.Namespace) -> ClusterSpec:

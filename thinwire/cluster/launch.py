@@ -29,7 +29,7 @@ from thinwire.output import write_json_atomic
 from thinwire.cluster.accounting import NodeMonitor
 from thinwire.cluster.cgroups import join as join_cgroups
 from thinwire.cluster.netns import Network, kill_namespace_processes
-from thinwire.cluster.schedule import BandwidthSchedule
+from thinwire.cluster.schedule import BandwidthSchedule, FailureSchedule
 from thinwire.cluster.spec import ClusterSpec
 from thinwire.ports import free_port
 
@@ -39,6 +39,7 @@ MASTER_PORT_IN_NAMESPACE = 29500  # each run's namespaces are fresh, so this por
 TERMINATE_GRACE_S = 5.0
 # After a kernel OOM kill the job is lost anyway: a short grace gets the error to the user fast.
 OOM_TERMINATE_GRACE_S = 0.3
+EXIT_ALL_DOWN = 1  # a failure schedule killed every node and restarts none
 EXIT_TIMEOUT = 124
 EXIT_STOPPED = 125  # the caller's `stop_when` asked for the stop (a stalled run, say)
 STACK_DUMP_GRACE_S = 3.0  # for the ranks' faulthandler output to reach the job's output
@@ -243,7 +244,9 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
     """Run `command` (SCRIPT [ARGS] or -m MODULE [ARGS]) on every rank of `spec`'s cluster.
 
     Returns 0 if every rank succeeded; otherwise the first failing node's torchrun status,
-    124 on timeout. SIGINT raises KeyboardInterrupt and SIGTERM SystemExit(143) after cleanup.
+    124 on timeout. `spec.failure_schedule` kills and restarts nodes while the job runs: a node
+    down by schedule does not fail the run (the others decide; 1 if every node is down for
+    good). SIGINT raises KeyboardInterrupt and SIGTERM SystemExit(143) after cleanup.
     `stop_when`: called about every 0.1 s while the job runs; a string it returns (the reason)
     stops the job and makes the status 125, after every rank that has a SIGUSR1 handler
     (``python -m thinwire.train``'s faulthandler) got the signal to write its threads' stacks
@@ -270,17 +273,28 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
     monitors: list[NodeMonitor] = []
     schedule = BandwidthSchedule(network, spec.bandwidth_steps) if spec.bandwidth_steps \
         else None
+    nodes = failures = None
     log_dir = tempfile.mkdtemp(prefix="thinwire-cluster-logs-")
     status = None
     try:
         with _signals_raise():
             try:
-                _start(spec, list(command), env, network, log_dir, output, procs, threads,
-                       monitors)
-                if schedule is not None:
-                    schedule.start()
+                nodes = _Nodes(spec, list(command), env, network, log_dir, output, procs,
+                               threads, monitors)
+                nodes.start()
+                failures = FailureSchedule(nodes, spec.failure_events) \
+                    if spec.failure_events else None
+                for clock in (schedule, failures):
+                    if clock is not None:
+                        clock.start()
+
+                def tick() -> None:
+                    for clock in (schedule, failures):
+                        if clock is not None:
+                            clock.tick()
                 status = _wait(procs, timeout_s, monitors[0] if monitors else None, stop_when,
-                               schedule.tick if schedule is not None else None)
+                               tick, nodes.down,
+                               failures.restarts_pending if failures is not None else None)
                 if status != 0 and monitors and monitors[0].check_oom() is not None:
                     raise monitors[0].oom
                 return status
@@ -288,7 +302,9 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
                 # Signals stay pending (not lost) until the cleanup is complete.
                 with _signals_blocked():
                     oom = bool(monitors) and monitors[0].oom is not None
-                    _stop(procs, network, OOM_TERMINATE_GRACE_S if oom else TERMINATE_GRACE_S)
+                    retired = nodes.retired if nodes is not None else []
+                    _stop(procs + retired, network,
+                          OOM_TERMINATE_GRACE_S if oom else TERMINATE_GRACE_S)
                     for thread in threads:
                         thread.join(timeout=2.0)
                     shutil.rmtree(log_dir, ignore_errors=True)
@@ -296,6 +312,8 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
                         stats = _collect_stats(network, monitors, status)
                         if stats is not None and schedule is not None:
                             stats["bandwidth_changes"] = schedule.changes
+                        if stats is not None and failures is not None:
+                            stats["failures"] = failures.applied
                     except Exception:  # never let accounting stand in the way of teardown
                         log.exception("could not collect the run's accounting")
                         stats = None
@@ -324,49 +342,89 @@ def _collect_stats(network: Network | None, monitors: list[NodeMonitor],
     return stats
 
 
-def _start(spec: ClusterSpec, command: list[str], env: dict | None, network: Network | None,
-           log_dir: str, output: IO[str], procs: list[subprocess.Popen],
-           threads: list[threading.Thread], monitors: list[NodeMonitor]) -> None:
-    """Build the network and start one torchrun per node (appending to `procs` as it goes, so
-    that a failure half-way still lets the caller stop what was started)."""
-    if network is not None:
-        network.create()
-        if network.accounting or network.node_cgroups is not None:  # OOM watch, statistics
-            monitors.append(NodeMonitor(spec.nodes, network.node_cgroups))
-        master_addr, port = network.node_addr(0), MASTER_PORT_IN_NAMESPACE
-    else:
-        master_addr, port = "127.0.0.1", free_port()
-    lock = threading.Lock()
-    for node in range(spec.nodes):
+class _Nodes:
+    """Starts (and, on a failure schedule, restarts) one torchrun per node; ``procs[node]`` is
+    the node's current launcher, ``retired`` the ones a schedule killed."""
+
+    def __init__(self, spec: ClusterSpec, command: list[str], env: dict | None,
+                 network: Network | None, log_dir: str, output: IO[str],
+                 procs: list[subprocess.Popen], threads: list[threading.Thread],
+                 monitors: list[NodeMonitor]):
+        self.spec, self.command, self.env, self.network = spec, command, env, network
+        self.log_dir, self.output = log_dir, output
+        self.procs, self.threads, self.monitors = procs, threads, monitors
+        self.retired: list[subprocess.Popen] = []
+        self.down: set[int] = set()  # killed by the schedule, not restarted (yet)
+        self.lock = threading.Lock()
+        self.master_addr, self.port = None, None
+
+    def start(self) -> None:
+        """Build the network and start every node (appending to `procs` as it goes, so that
+        a failure half-way still lets the caller stop what was started)."""
+        if self.network is not None:
+            self.network.create()
+            if self.network.accounting or self.network.node_cgroups is not None:
+                self.monitors.append(NodeMonitor(self.spec.nodes, self.network.node_cgroups))
+            self.master_addr, self.port = self.network.node_addr(0), MASTER_PORT_IN_NAMESPACE
+        else:
+            self.master_addr, self.port = "127.0.0.1", free_port()
+        for node in range(self.spec.nodes):
+            self.procs.append(self._launch(node))
+        if self.monitors:
+            self.monitors[0].start()
+        log.info("cluster run: %s (%d ranks): %s", self.spec.describe(), self.spec.world_size,
+                 " ".join(self.command))
+
+    def _launch(self, node: int) -> subprocess.Popen:
+        network = self.network
         prefix = network.exec_prefix(node) if network else []
-        argv = prefix + torchrun_argv(spec, node, master_addr, port, log_dir, command)
+        argv = prefix + torchrun_argv(self.spec, node, self.master_addr, self.port,
+                                      self.log_dir, self.command)
         ifname = "eth0" if network else "lo"
         log.debug("node %d: %s", node, " ".join(argv))
         cgroups = network.node_cgroups if network else None
         # The node's torchrun joins its cgroups before exec; its ranks inherit them.
         join = functools.partial(join_cgroups, cgroups.procs_files(node)) if cgroups else None
         proc = subprocess.Popen(
-            argv, env=node_env(spec, node, ifname, env), text=True,
+            argv, env=node_env(self.spec, node, ifname, self.env), text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, bufsize=1, errors="replace", preexec_fn=join)
-        procs.append(proc)
-        if monitors:
-            monitors[0].pids[node] = proc.pid
-        thread = threading.Thread(target=_stream, args=(proc, node, output, lock), daemon=True)
+        if self.monitors:
+            self.monitors[0].pids[node] = proc.pid
+        thread = threading.Thread(target=_stream, args=(proc, node, self.output, self.lock),
+                                  daemon=True)
         thread.start()
-        threads.append(thread)
-    if monitors:
-        monitors[0].start()
-    log.info("cluster run: %s (%d ranks): %s", spec.describe(), spec.world_size,
-             " ".join(command))
+        self.threads.append(thread)
+        return proc
+
+    def kill(self, node: int) -> None:
+        """Every process of the node, at once (SIGKILL: a reclaimed spot instance)."""
+        proc = self.procs[node]
+        for pid in [proc.pid, *descendants(proc.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.network is not None and self.network.created:
+            kill_namespace_processes(self.network.node_ns(node))
+        proc.wait()
+        self.down.add(node)
+
+    def restart(self, node: int) -> None:
+        self.retired.append(self.procs[node])
+        self.procs[node] = self._launch(node)
+        self.down.discard(node)
 
 
 def _wait(procs: list[subprocess.Popen], timeout_s: float | None,
           monitor: NodeMonitor | None = None,
           stop_when: Callable[[], str | None] | None = None,
-          tick: Callable[[], None] | None = None) -> int:
+          tick: Callable[[], None] | None = None, down: set[int] | None = None,
+          restarts_pending: Callable[[], bool] | None = None) -> int:
     """0 when all nodes succeed; as soon as one fails or time runs out, the status to report.
-    ``tick``: called every round (a bandwidth schedule's due changes)."""
+    ``tick``: called every round (the schedules' due changes); ``down``: nodes a failure
+    schedule killed and has not restarted (their exit is not the job's failure)."""
+    down = down if down is not None else set()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         if tick is not None:
@@ -378,14 +436,17 @@ def _wait(procs: list[subprocess.Popen], timeout_s: float | None,
             return EXIT_STOPPED
         if monitor is not None and monitor.oom is not None:
             return EXIT_OOM  # the kernel killed part of a node: the rest cannot go on
-        codes = [p.poll() for p in procs]
-        for node, code in enumerate(codes):
+        codes = {node: p.poll() for node, p in enumerate(procs) if node not in down}
+        if not codes and not (restarts_pending is not None and restarts_pending()):
+            log.error("every node was killed by the failure schedule and none restarts")
+            return EXIT_ALL_DOWN
+        for node, code in codes.items():
             if code not in (None, 0):
-                if any(c is None for c in codes):
+                if any(c is None for c in codes.values()):
                     log.error("node %d exited with status %d: stopping the other nodes", node, code)
                 return code if code > 0 else 128 - code  # killed by a signal: shell convention
-        if all(c == 0 for c in codes):
-            return 0
+        if codes and all(c == 0 for c in codes.values()):
+            return 0  # the nodes that run have finished (a node down by schedule stays down)
         if deadline is not None and time.monotonic() > deadline:
             log.error("cluster run timed out after %.0f s: stopping all ranks", timeout_s)
             return EXIT_TIMEOUT

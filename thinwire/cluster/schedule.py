@@ -42,3 +42,40 @@ class BandwidthSchedule:
                                  "rate_bps": bps, "unix_time": round(time.time(), 3)})
             log.info("bandwidth schedule: at %.2f s (planned %g s) inter-node links -> %s",
                      applied, planned, format_rate(bps))
+
+
+class FailureSchedule:
+    """A ClusterSpec's failure_schedule, applied on time to the launcher's nodes: ``kill``
+    SIGKILLs every process of a node (its launcher, its ranks, anything in its namespace),
+    ``restart`` starts the node's launcher again. ``events``: ((seconds, node, action), ...)
+    in time order, checked by the spec (no overlapping outages)."""
+
+    def __init__(self, nodes, events: tuple[tuple[float, int, str], ...]):
+        self.nodes = nodes
+        self.pending = list(events)
+        self.applied: list[dict] = []
+        self._start: float | None = None
+
+    def start(self) -> None:
+        self._start = time.monotonic()
+        self.tick()
+
+    def restarts_pending(self) -> bool:
+        return any(action == "restart" for _, _, action in self.pending)
+
+    def tick(self) -> None:
+        if self._start is None:
+            return
+        while self.pending and self.pending[0][0] <= time.monotonic() - self._start:
+            planned, node, action = self.pending.pop(0)
+            if action == "kill":
+                self.nodes.kill(node)
+            else:
+                self.nodes.restart(node)
+            applied = time.monotonic() - self._start
+            self.applied.append({"planned_s": planned, "applied_s": round(applied, 3),
+                                 "node": node, "action": action,
+                                 "unix_time": round(time.time(), 3)})
+            log.warning("failure schedule: at %.2f s (planned %g s) node%d %s", applied, planned,
+                        node, "killed (every process, SIGKILL)" if action == "kill"
+                        else "restarted")

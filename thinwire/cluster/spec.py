@@ -120,15 +120,7 @@ def parse_bandwidth_schedule(value: str, param: str = "bandwidth_schedule"
         if not sep:
             raise ValueError(f"{param}: every entry must be TIME:RATE (e.g. 40s:25mbit), got "
                              f"{item.strip()!r} in {value!r}")
-        number, unit = _split(f"{param} time", time_text, "'40s'",
-                              "units: " + ", ".join(SCHEDULE_TIME_UNITS))
-        if unit not in SCHEDULE_TIME_UNITS:
-            raise ValueError(f"{param}: time {time_text.strip()!r} needs a unit, one of "
-                             f"{', '.join(SCHEDULE_TIME_UNITS)}")
-        seconds = number * SCHEDULE_TIME_UNITS[unit]
-        if not seconds <= MAX_SCHEDULE_S:
-            raise ValueError(f"{param}: time {time_text.strip()!r} is past "
-                             f"{MAX_SCHEDULE_S:g} s")
+        seconds = _schedule_time(time_text, param)
         if steps and not seconds > steps[-1][0]:
             raise ValueError(f"{param}: times must increase, got {time_text.strip()!r} after "
                              f"{steps[-1][0]:g}s in {value!r}")
@@ -136,6 +128,66 @@ def parse_bandwidth_schedule(value: str, param: str = "bandwidth_schedule"
     if len(steps) > MAX_SCHEDULE_STEPS:
         raise ValueError(f"{param}: at most {MAX_SCHEDULE_STEPS} entries, got {len(steps)}")
     return tuple(steps)
+
+
+def _schedule_time(text: str, param: str) -> float:
+    number, unit = _split(f"{param} time", text, "'40s'", "units: " + ", ".join(SCHEDULE_TIME_UNITS))
+    if unit not in SCHEDULE_TIME_UNITS:
+        raise ValueError(f"{param}: time {text.strip()!r} needs a unit, one of "
+                         f"{', '.join(SCHEDULE_TIME_UNITS)}")
+    seconds = number * SCHEDULE_TIME_UNITS[unit]
+    if not seconds <= MAX_SCHEDULE_S:
+        raise ValueError(f"{param}: time {text.strip()!r} is past {MAX_SCHEDULE_S:g} s")
+    return seconds
+
+
+def parse_failure_schedule(value: str, nodes: int, param: str = "failure_schedule"
+                           ) -> tuple[tuple[float, int, str], ...]:
+    """'node1@30s,restart@45s;node2@90s' -> ((30.0, 1, 'kill'), (45.0, 1, 'restart'),
+    (90.0, 2, 'kill')): at each time (seconds after the job starts) every process of the node
+    is killed (SIGKILL), or the node's launcher is started again. One ';'-separated group per
+    outage: ``nodeN@TIME`` and optionally ``restart@LATER``. A node is not killed while it is
+    down, nor restarted while it runs."""
+    example = "'node1@30s,restart@45s;node2@90s'"
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{param} must be a string like {example}, got {value!r}")
+    events: list[tuple[float, int, str]] = []
+    for group in value.split(";"):
+        items = [item.strip() for item in group.split(",")]
+        head, sep, when = items[0].partition("@")
+        if not (sep and head.startswith("node") and head[4:].isdigit()) or len(items) > 2:
+            raise ValueError(f"{param}: every group must be nodeN@TIME[,restart@LATER] (e.g. "
+                             f"{example}), got {group.strip()!r}")
+        node = int(head[4:])
+        if node >= nodes:
+            raise ValueError(f"{param}: {head} does not exist (nodes are node0..node"
+                             f"{nodes - 1}), in {group.strip()!r}")
+        killed = _schedule_time(when, param)
+        events.append((killed, node, "kill"))
+        if len(items) == 2:
+            word, sep, later = items[1].partition("@")
+            if not sep or word != "restart":
+                raise ValueError(f"{param}: after {items[0]!r} only restart@TIME may follow, "
+                                 f"got {items[1]!r}")
+            restarted = _schedule_time(later, param)
+            if not restarted > killed:
+                raise ValueError(f"{param}: {head} restarts at {restarted:g}s, not after it is "
+                                 f"killed at {killed:g}s")
+            events.append((restarted, node, "restart"))
+    if len(events) > MAX_SCHEDULE_STEPS:
+        raise ValueError(f"{param}: at most {MAX_SCHEDULE_STEPS} events, got {len(events)}")
+    events.sort(key=lambda e: (e[0], e[2] != "restart"))  # a restart before a kill at one time
+    down: dict[int, float] = {}
+    for at, node, action in events:
+        if action == "kill":
+            if node in down:
+                raise ValueError(f"{param}: node{node} is killed at {at:g}s while it is down "
+                                 f"(since {down[node]:g}s, not restarted yet): the outages "
+                                 f"overlap")
+            down[node] = at
+        else:
+            down.pop(node)
+    return tuple(events)
 
 
 def parse_node_cpus(value: float | str, param: str = "node_cpus") -> float:
@@ -208,6 +260,10 @@ class ClusterSpec:
         split. Ordinary traffic (gloo) uses link 0; dlcp sprays its datagrams over all K.
     link_mtu: MTU of every node link (default 1500, Ethernet's; 9000 is a jumbo frame, as
         public clouds offer inside a VPC, e.g. 9001 on AWS).
+    failure_schedule: nodes that vanish and come back while the job runs,
+        'node1@30s,restart@45s;node2@90s': at each time every process of the node is killed
+        (SIGKILL, as a reclaimed spot instance), or its launcher started again; a scheduled
+        death does not end the run (the surviving nodes decide its status).
     bandwidth_schedule: the inter-node rate over time, '0s:200mbit,40s:25mbit,80s:200mbit':
         from each time on (seconds after the job starts) every node's links run at that rate
         (split over its links as inter_node_bandwidth is); the links start at
@@ -229,6 +285,7 @@ class ClusterSpec:
     links_per_node: int = 1
     link_mtu: int = 1500
     bandwidth_schedule: str | None = None
+    failure_schedule: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.class_queue, list):  # frozen dataclass: keep it hashable
@@ -272,6 +329,7 @@ class ClusterSpec:
         if self.link_mtu != 1500 and not self.shaping:
             raise ValueError(f"link_mtu={self.link_mtu} needs the shaped cluster (shaping=True): "
                              f"the loopback's MTU is not the cluster's to change")
+        _ = self.failure_events
         if self.bandwidth_schedule is not None:
             if not self.shaping or self.inter_node_bps is None:
                 raise ValueError(f"bandwidth_schedule={self.bandwidth_schedule!r} needs shaped "
@@ -335,6 +393,14 @@ class ClusterSpec:
         return parse_bandwidth_schedule(self.bandwidth_schedule)
 
     @property
+    def failure_events(self) -> tuple[tuple[float, int, str], ...]:
+        """The parsed failure_schedule: ((seconds, node, 'kill' | 'restart'), ...) in time
+        order; () without one."""
+        if self.failure_schedule is None:
+            return ()
+        return parse_failure_schedule(self.failure_schedule, self.nodes)
+
+    @property
     def link_bps(self) -> int | None:
         """The shaped rate of each of a node's links: the node's rate split over its links."""
         bps = self.inter_node_bps
@@ -381,6 +447,9 @@ class ClusterSpec:
         if self.bandwidth_steps:
             parts.append("bandwidth schedule " + ", ".join(
                 f"{t:g}s:{format_rate(bps)}" for t, bps in self.bandwidth_steps))
+        if self.failure_events:
+            parts.append("failures " + ", ".join(
+                f"node{n} {a} at {t:g}s" for t, n, a in self.failure_events))
         if self.node_cpus is not None:
             parts.append(f"{self.node_cpus:g} CPU/node")
         if self.node_memory_bytes is not None:
