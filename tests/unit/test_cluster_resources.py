@@ -166,8 +166,11 @@ def test_compare_and_bench_sync_pass_the_budgets_through():
     settings = CompareSettings(resources={"node_cpus": 0.5, "link_classes": 2}).validate()
     assert settings.common()["resources"] == {"node_cpus": 0.5, "link_classes": 2}
     assert "resources" not in CompareSettings().validate().common()  # old results stay valid
-    with pytest.raises(ValueError, match="node_memory must be at least"):
-        CompareSettings(resources={"node_memory": "1m"}).validate()
+    for size in ("1m", "1e30g", 2**70):  # 1e30g wrapped to a tiny cgroup v1 limit
+        with pytest.raises(ValueError, match=r"node_memory must be between 64MiB .* and 4 EiB"):
+            CompareSettings(resources={"node_memory": size}).validate()
+    with pytest.raises(ValueError, match="node_memory must be a finite size, got '1e400g'"):
+        CompareSettings(resources={"node_memory": "1e400g"}).validate()
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
     sync.register(sub)

@@ -22,6 +22,9 @@ MAX_LATENCY_S = 10.0
 MAX_NODES = 250                # node i gets 10.77.0.(i+1) on a /24
 MAX_RANKS_PER_NODE = 256
 MIN_NODE_MEMORY = 64 * 2**20   # below this a torchrun agent plus one rank cannot even start
+# cgroup v1 takes a limit up to LONG_MAX rounded down to a page; a larger number wrapped to a
+# tiny limit there (1e30g: "node 0 exceeded its memory limit", its peak 0 B)
+MAX_NODE_MEMORY = 2**62
 SIZE_UNITS = {"b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
               "mib": 2**20, "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40,
               "tib": 2**40}
@@ -103,7 +106,10 @@ def parse_size(value: str | int, param: str = "node_memory") -> int:
     if unit not in SIZE_UNITS:
         what = f"unknown unit {unit!r}" if unit else "missing unit"
         raise ValueError(f"{param}: {what} in {value!r}; allowed {units}")
-    return int(number * SIZE_UNITS[unit])
+    size = number * SIZE_UNITS[unit]
+    if not math.isfinite(size):  # '1e400g'
+        raise ValueError(f"{param} must be a finite size, got {value!r}")
+    return int(size)
 
 
 def parse_bandwidth_schedule(value: str, param: str = "bandwidth_schedule"
@@ -349,9 +355,10 @@ class ClusterSpec:
         if self.node_memory is None:
             return None
         nbytes = parse_size(self.node_memory, "node_memory")
-        if nbytes < MIN_NODE_MEMORY:
-            raise ValueError(f"node_memory must be at least {format_size(MIN_NODE_MEMORY)} "
-                             f"(a torchrun agent and one rank), got {self.node_memory!r}")
+        if not MIN_NODE_MEMORY <= nbytes <= MAX_NODE_MEMORY:
+            raise ValueError(f"node_memory must be between {format_size(MIN_NODE_MEMORY)} "
+                             f"(a torchrun agent and one rank) and 4 EiB"
+                             f" (the kernel's range), got {self.node_memory!r}")
         return nbytes
 
     @property
