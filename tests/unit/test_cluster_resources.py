@@ -19,7 +19,7 @@ from thinwire.cluster.spec import machine_cpus, parse_size
     ({"node_cpus": 0}, ["node_cpus", "0", "between 0.01"]),
     ({"node_cpus": machine_cpus() + 1}, ["node_cpus", "this machine's cores"]),
     ({"node_cpus": "lots"}, ["node_cpus", "'lots'"]),
-    ({"node_memory": "32m"}, ["node_memory", "at least 64MiB", "'32m'"]),
+    ({"node_memory": "32m"}, ["node_memory", "between 64MiB", "'32m'"]),
     ({"node_memory": "1 parsec"}, ["node_memory", "unknown unit"]),
     ({"link_classes": 1}, ["link_classes", "between 2 and 8", "1"]),
     ({"link_classes": 9}, ["link_classes", "9"]),
