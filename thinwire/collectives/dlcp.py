@@ -40,7 +40,7 @@ import os
 import torch
 
 from thinwire.collectives import costs, traffic
-from thinwire.collectives.primitives import select_for_wire, sum_sparse
+from thinwire.collectives.primitives import corrected_copy, select_for_wire, sum_sparse
 from thinwire.collectives.registry import Algorithm, register
 from thinwire.options import Option
 from thinwire.transport import endpoint as transport_options
@@ -102,7 +102,7 @@ def _close_transports() -> None:
 def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     topo = state.topology
     transport = _transport(state)
-    corrected = state.feedback.add_residual(bucket_index, flat.clone())
+    corrected = corrected_copy(state, bucket_index, flat)
     numel = corrected.numel()
     # the shared selection + error feedback (dlcp sends fp32 values: nothing is rounded)
     values, indices = select_for_wire(state, bucket_index, corrected)

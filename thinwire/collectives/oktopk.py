@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from thinwire.collectives import costs, traffic
-from thinwire.collectives.primitives import sparse_alltoall, sum_sparse
+from thinwire.collectives.primitives import corrected_copy, sparse_alltoall, sum_sparse
 from thinwire.collectives.registry import Algorithm, register
 from thinwire.options import Option
 from thinwire.topk import entries_at_least
@@ -132,7 +132,7 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     phase = "inter" if topo.nodes > 1 else "intra"
     k = state.compressor.k(d)
 
-    corrected = state.feedback.add_residual(bucket_index, flat.clone())
+    corrected = corrected_copy(state, bucket_index, flat)
     with state.timer("select"):
         local = None if estimate else _at_least(corrected, memory["local_threshold"])
         if local is None or local.numel() > 5 * k / 4:  # see the module docstring

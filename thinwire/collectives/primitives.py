@@ -67,6 +67,30 @@ def sum_sparse(parts, numel: int, dtype, device, out: torch.Tensor | None = None
     return dense
 
 
+def corrected_copy(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
+    """This rank's own copy of the bucket plus its error-feedback residual (with momentum
+    correction, velocity plus residual): what a sparse algorithm selects from. ``flat`` is
+    left as it was given."""
+    return state.feedback.add_residual(bucket_index, flat.clone())
+
+
+def select_shards_for_wire(state, bucket_index: int, corrected: torch.Tensor, shards: int):
+    """select_for_wire on each of ``shards`` equal slices of ``corrected`` (zero-padded to a
+    multiple): per shard (values as they travel, shard-local indices), and the shard length.
+    The residual keeps what no shard sent, and the rounding error of what was sent."""
+    numel = corrected.numel()
+    rows = padded(corrected, shards).view(shards, -1)
+    length = rows.shape[1]
+    with state.timer("select"):
+        parts = [state.compressor.select(row) for row in rows]  # shard-local indices
+    parts = [(to_sparse_wire(v, state.sparse_wire_dtype), i) for v, i in parts]
+    sent = torch.cat([indices + s * length for s, (_, indices) in enumerate(parts)])
+    real = sent < numel  # padding is never kept
+    state.feedback.keep(bucket_index, corrected, sent[real],
+                        torch.cat([v for v, _ in parts])[real])
+    return parts, length
+
+
 def select_for_wire(state, bucket_index: int, corrected: torch.Tensor):
     """Top-k of ``corrected`` with its values rounded to ``state.sparse_wire_dtype``; the
     residual keeps what was not sent, the rounding error of what was included, so that

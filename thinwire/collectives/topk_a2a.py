@@ -20,24 +20,17 @@ import torch
 import torch.distributed as dist
 
 from thinwire.collectives import costs, traffic
-from thinwire.collectives.primitives import padded, sparse_alltoall, sum_sparse
+from thinwire.collectives.primitives import (corrected_copy, select_shards_for_wire,
+                                              sparse_alltoall, sum_sparse)
 from thinwire.collectives.registry import Algorithm, register
-from thinwire.compress import packed_bytes, to_sparse_wire, to_wire
+from thinwire.compress import packed_bytes, to_wire
 
 
 def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     topo = state.topology
     p, d = topo.world_size, flat.numel()
-    corrected = state.feedback.add_residual(bucket_index, flat.clone())
-    shards = padded(corrected, p).view(p, -1)
-    length = shards.shape[1]
-    with state.timer("select"):
-        parts = [state.compressor.select(shard) for shard in shards]  # shard-local indices
-    parts = [(to_sparse_wire(v, state.sparse_wire_dtype), i) for v, i in parts]
-    sent = torch.cat([indices + s * length for s, (_, indices) in enumerate(parts)])
-    real = sent < d  # padding is never kept
-    state.feedback.keep(bucket_index, corrected, sent[real],
-                        torch.cat([v for v, _ in parts])[real])
+    corrected = corrected_copy(state, bucket_index, flat)
+    parts, length = select_shards_for_wire(state, bucket_index, corrected, p)
     phase = "inter" if topo.nodes > 1 else "intra"
     received, _ = sparse_alltoall(state, parts, length, topo.world, phase, equal_sizes=True)
     own = sum_sparse(received, length, flat.dtype, flat.device).div_(p)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import torch
 
 from thinwire.collectives import costs, traffic
-from thinwire.collectives.primitives import sparse_allgather
+from thinwire.collectives.primitives import corrected_copy, sparse_allgather
 from thinwire.collectives.registry import Algorithm, register
 
 
 def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     topo = state.topology
-    corrected = state.feedback.add_residual(bucket_index, flat.clone())
+    corrected = corrected_copy(state, bucket_index, flat)
     phase = "inter" if topo.nodes > 1 else "intra"
     dense, block_bytes = sparse_allgather(state, bucket_index, corrected, topo.world,
                                           topo.world_size, phase)
