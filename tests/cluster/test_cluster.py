@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -177,6 +178,40 @@ def test_sigint_stops_run_and_cleans_up(allreduce_script, tmp_path, run_leftover
 
 
 @pytest.mark.root
+@pytest.mark.parametrize("signals, status", [
+    (("SIGINT", "SIGINT"), 130), (("SIGINT", "SIGINT", "SIGINT"), 130),
+    (("SIGTERM", "SIGTERM"), 143), (("SIGHUP", "SIGINT"), 129)])
+def test_impatient_signals_during_the_cleanup_do_not_abandon_it(
+        allreduce_script, tmp_path, run_leftovers, run_ids_of_pid, signals, status):
+    """A second (third) Ctrl-C, SIGTERM or SIGHUP while the run cleans up waits for the
+    clean-up: it used to interrupt the teardown and leak every namespace, cgroup, the state
+    file, /etc/netns and the log folder while printing "cleaned up" (issue 33, item 3)."""
+    argv = [sys.executable, "-c", "import sys, thinwire.cli as c; "
+            "c.COMMAND_MODULES = ['thinwire.cluster.cli']; sys.exit(c.main(sys.argv[1:]))",
+            "cluster", "run", "--nodes", "3", "--ranks-per-node", "1", "--timeout", "120",
+            "--", str(allreduce_script)]
+    env = dict(os.environ, OUT_DIR=str(tmp_path), HANG="1")
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=REPO)
+    lines = []
+    for line in proc.stdout:  # wait until every rank runs
+        lines.append(line)
+        if sum("HANGING" in l for l in lines) == 3:
+            break
+    run_ids = run_ids_of_pid(proc.pid)
+    logs = list(Path(tempfile.gettempdir()).glob(f"thinwire-cluster-logs-{run_ids[0]}-*"))
+    assert len(logs) == 1
+    for name in signals:
+        proc.send_signal(getattr(signal, name))
+        time.sleep(0.2)
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == status, "".join(lines) + rest
+    assert run_leftovers(run_ids[0]) == [] and not logs[0].exists(), rest
+    assert "cluster run stopped and cleaned up" in rest and "remain" not in rest, rest
+    assert "during the clean-up: finishing it first" in rest or len(signals) == 1, rest
+
+
+@pytest.mark.root
 def test_cleanup_removes_dead_runs_only(cluster_leaks, run_leftovers, run_ids_of_pid):
     # A run whose owner is SIGKILLed leaves its namespaces; a live run must be kept.
     owner = subprocess.Popen(
@@ -202,3 +237,19 @@ def test_cleanup_removes_dead_runs_only(cluster_leaks, run_leftovers, run_ids_of
         assert f"thinwire-{live.run_id}-n0" in list_namespaces(), "a live run was removed"
     finally:
         live.teardown()
+
+
+def test_a_launcher_log_folder_belongs_to_its_live_owner_only(tmp_path):
+    from thinwire.cluster import netns
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    mine = tmp_path / f"{netns.LOG_DIR_PREFIX}abcd1234-{os.getpid()}-x1"
+    gone = tmp_path / f"{netns.LOG_DIR_PREFIX}abcd1234-{dead.pid}-x2"
+    old_style = tmp_path / f"{netns.LOG_DIR_PREFIX}x3"
+    for path in (mine, gone, old_style):
+        path.mkdir()
+    assert netns._log_dir_owner_alive(mine) and not netns._log_dir_owner_alive(gone)
+    assert netns._log_dir_owner_alive(old_style)  # no pid: kept for an hour
+    os.utime(old_style, (time.time() - 7200, time.time() - 7200))
+    assert not netns._log_dir_owner_alive(old_style)

@@ -153,7 +153,8 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
         return 2
     for ns in removed:
         print(f"removed {ns}")
-    print(f"{len(removed)} namespace(s) and cgroup(s) of dead runs removed")
+    print(f"{len(removed)} leftover(s) of dead runs removed (namespaces, cgroups, launcher "
+          f"log folders)")
     return 0
 
 

@@ -28,7 +28,7 @@ from typing import IO, Callable, Iterator
 from thinwire.output import write_json_atomic
 from thinwire.cluster.accounting import NodeMonitor
 from thinwire.cluster.cgroups import join as join_cgroups
-from thinwire.cluster.netns import Network, kill_namespace_processes
+from thinwire.cluster.netns import LOG_DIR_PREFIX, Network, kill_namespace_processes
 from thinwire.cluster.schedule import BandwidthSchedule, FailureSchedule
 from thinwire.cluster.spec import ClusterSpec
 from thinwire.ports import free_port
@@ -202,17 +202,39 @@ class _Signalled(BaseException):
         self.signum = signum
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _SignalGuard:
+    """The first stop signal raises `_Signalled` (so the `finally` clean-up runs); any signal
+    during the clean-up is remembered, never raised there: a second Ctrl-C used to land in the
+    middle of the teardown (Python runs a handler at the next bytecode, even one whose signal
+    arrived just before the mask went up) and leaked every namespace and cgroup."""
+
+    def __init__(self):
+        self.cleaning = False
+        self.received: int | None = None
+        self.raised = False
+
+    def handler(self, signum, frame) -> None:
+        if self.received is None:
+            self.received = signum
+        if self.cleaning:
+            log.warning("received %s during the clean-up: finishing it first",
+                        signal.Signals(signum).name)
+            return
+        self.cleaning = self.raised = True
+        raise _Signalled(signum)
+
+
 @contextmanager
-def _signals_raise() -> Iterator[None]:
-    """In the main thread, SIGINT and SIGTERM raise `_Signalled`, so `finally` blocks run."""
+def _signals_raise(guard: _SignalGuard) -> Iterator[None]:
+    """In the main thread, SIGINT, SIGTERM and SIGHUP go to `guard` (the first raises
+    `_Signalled`, so `finally` blocks run)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def handler(signum, frame):
-        raise _Signalled(signum)
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, guard.handler) for s in STOP_SIGNALS}
     try:
         yield
     finally:
@@ -226,7 +248,7 @@ def _signals_blocked() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS))
     try:
         yield
     finally:
@@ -266,18 +288,20 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
         raise ValueError("stats_path needs the shaped cluster (shaping=True): the accounting "
                          "reads the nodes' cgroups and namespaces")
     output = output if output is not None else sys.stdout
-    network = Network(spec, new_run_id(), accounting=stats_path is not None) \
-        if spec.shaping else None
+    run_id = new_run_id()
+    network = Network(spec, run_id, accounting=stats_path is not None) if spec.shaping else None
     procs: list[subprocess.Popen] = []
     threads: list[threading.Thread] = []
     monitors: list[NodeMonitor] = []
     schedule = BandwidthSchedule(network, spec.bandwidth_steps) if spec.bandwidth_steps \
         else None
     nodes = failures = None
-    log_dir = tempfile.mkdtemp(prefix="thinwire-cluster-logs-")
+    # run id and owner pid in the name: `thinwire cluster cleanup` removes it once we are gone
+    log_dir = tempfile.mkdtemp(prefix=f"{LOG_DIR_PREFIX}{run_id}-{os.getpid()}-")
     status = None
+    guard = _SignalGuard()
     try:
-        with _signals_raise():
+        with _signals_raise(guard):
             try:
                 nodes = _Nodes(spec, list(command), env, network, log_dir, output, procs,
                                threads, monitors)
@@ -299,7 +323,9 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
                     raise monitors[0].oom
                 return status
             finally:
-                # Signals stay pending (not lost) until the cleanup is complete.
+                # From here on a stop signal only waits for the clean-up (the guard), and the
+                # mask keeps new ones pending until it is complete.
+                guard.cleaning = True
                 with _signals_blocked():
                     oom = bool(monitors) and monitors[0].oom is not None
                     retired = nodes.retired if nodes is not None else []
@@ -321,9 +347,16 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
                         network.teardown()
                     if stats_path is not None and stats is not None:
                         write_json_atomic(stats_path, stats)
+                if guard.received is not None and not guard.raised:
+                    raise _Signalled(guard.received)  # asked to stop during the clean-up
     except _Signalled as sig:
-        log.warning("received %s: cluster run stopped and cleaned up",
-                    signal.Signals(sig.signum).name)
+        left = network.leftovers() if network is not None else []
+        if left:
+            log.error("received %s: cluster run stopped, but %s remain: run `thinwire cluster "
+                      "cleanup`", signal.Signals(sig.signum).name, ", ".join(left))
+        else:
+            log.warning("received %s: cluster run stopped and cleaned up",
+                        signal.Signals(sig.signum).name)
         if sig.signum == signal.SIGINT:
             raise KeyboardInterrupt from None
         raise SystemExit(128 + sig.signum) from None

@@ -33,6 +33,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ from thinwire.cluster.spec import ClusterSpec
 log = logging.getLogger(__name__)
 
 PREFIX = "thinwire-"
+LOG_DIR_PREFIX = "thinwire-cluster-logs-"  # + run id + "-": a run's launcher logs (in /tmp)
 SUBNET = "10.77.0"
 STATE_DIR = Path(os.environ.get("THINWIRE_STATE_DIR", "/run/thinwire"))
 # `ip netns exec NS` bind-mounts /etc/netns/NS/* over /etc: each node gets an /etc/hosts naming
@@ -382,6 +384,9 @@ class Network:
                         break
                     time.sleep(0.02)
 
+    def leftovers(self) -> list[str]:
+        return run_leftovers(self.run_id)
+
     def teardown(self) -> None:
         """Delete every namespace of the run (their veths and qdiscs go with them) and the state
         file. Raises if something could not be removed, so leaks are never silent."""
@@ -400,6 +405,23 @@ class Network:
         self.state_file.unlink(missing_ok=True)
         self.state_file.with_suffix(".tmp").unlink(missing_ok=True)
         log.debug("network %s removed", self.run_id)
+
+
+def run_leftovers(run_id: str) -> list[str]:
+    """What of run ``run_id`` still exists: namespaces, /etc/netns entries, node cgroups, the
+    state file (empty once a teardown is complete)."""
+    from thinwire.cluster.cgroups import find_run_cgroups
+
+    prefix = f"{PREFIX}{run_id}-"
+    found = [f"namespace {ns}" for ns in list_namespaces() if ns.startswith(prefix)]
+    if NETNS_ETC.is_dir():
+        found += [f"{NETNS_ETC / p.name}" for p in NETNS_ETC.iterdir()
+                  if p.name.startswith(prefix)]
+    found += [f"cgroup {c}" for c in find_run_cgroups(prefix)]
+    state = STATE_DIR / f"{run_id}.json"
+    if state.exists():
+        found.append(str(state))
+    return found
 
 
 def cleanup_dead_runs() -> list[str]:
@@ -434,9 +456,32 @@ def cleanup_dead_runs() -> list[str]:
     remaining = delete_namespaces(doomed)
     for path in dead_states:
         path.unlink(missing_ok=True)
+    # The launchers' log folders (torchrun's per-rank files) whose owner is gone.
+    logs = [str(p) for p in Path(tempfile.gettempdir()).glob(LOG_DIR_PREFIX + "*")
+            if not _log_dir_owner_alive(p)]
+    for path in logs:
+        shutil.rmtree(path, ignore_errors=True)
     if remaining or stuck:
         raise RuntimeError(f"could not delete namespaces {remaining} / cgroups {stuck}")
-    return doomed + cgroups
+    return doomed + cgroups + logs
+
+
+def _log_dir_owner_alive(path: Path) -> bool:
+    """A launcher log folder is named LOG_DIR_PREFIX + run id + "-" + owner pid + "-" + random;
+    an older one without the pid counts as owned for an hour after its last change."""
+    fields = path.name[len(LOG_DIR_PREFIX):].split("-")
+    if len(fields) >= 3 and fields[1].isdigit():
+        try:
+            os.kill(int(fields[1]), 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # another user's live process
+            return True
+    try:
+        return time.time() - path.stat().st_mtime < 3600
+    except OSError:
+        return False
 
 
 def _recorded_cgroups(state_path: Path) -> list[str]:
