@@ -98,6 +98,7 @@ class DiLoCo:
             options["wire"] = wire
         if density is not None and algorithm != sparse_outer.NAME:
             options.update(density=density, selector=selector or "mstopk")
+        self._owns_topology = topology is None  # close() releases only what it built
         if topology is None:
             from thinwire.topology import Topology
             topology = Topology.build()
@@ -141,6 +142,25 @@ class DiLoCo:
         for f in range(len(self.fragments)):
             if residue == phase(f, len(self.fragments), self.sync_every):
                 self._launch(f)
+
+    def close(self) -> None:
+        """Wait for an exchange in flight (not applied: call flush() first to apply it) and
+        release the process groups this DiLoCo built (none when the caller gave a topology)."""
+        for f in sorted(self._pending):
+            _, exchange = self._pending.pop(f)
+            try:
+                exchange.wait()
+            except BaseException as exc:  # its rank is closing; the error was logged there
+                log.debug("exchange of fragment %d ended with %s while closing", f, exc)
+        if self._owns_topology and self.state.topology is not None:
+            self.state.topology.close()
+            self._owns_topology = False
+
+    def __enter__(self) -> "DiLoCo":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def flush(self) -> None:
         """Wait for every exchange in flight and apply it now (at the end of training)."""

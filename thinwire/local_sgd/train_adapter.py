@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from thinwire import collectives
@@ -69,7 +70,13 @@ class DiLoCoSync:
             self.diloco.flush()
 
     def close(self) -> None:
-        """Nothing to stop: the DiLoCo's process groups are the topology's."""
+        """Release the groups this run built: the topology's and DDP's node group."""
+        if self.diloco is not None:
+            self.diloco.close()
+        self.topology.close()
+        group = self.model.process_group
+        if dist.is_initialized() and group in dist.distributed_c10d._world.pg_map:
+            dist.destroy_process_group(group)
 
     def state_dict(self) -> dict:
         return self.diloco.state_dict()
