@@ -93,17 +93,29 @@ def collectives_per_step(rank, world, ranks_per_node, policy):
     return out
 
 
-def frozen_peer(rank, world, timeout_s, result_path):
-    """Rank 1 stops itself (SIGSTOP) at step 2; rank 0 reports what ended its step, and when."""
-    model = DDP(_model())
-    thinwire.ddp.register(model, algorithm="hitopk", density=0.1, dense_below_bytes=0,
-                          ranks_per_node=1)
+def frozen_peer(rank, world, timeout_s, result_path, mode="hitopk"):
+    """Rank 1 stops itself (SIGSTOP) at step 2; rank 0 reports what ended its step, and when.
+    ``mode`` "diloco": 2 ranks a node, DDP on the node's group and DiLoCo across nodes (rank 0
+    waits in the node group's all-reduce)."""
+    if mode == "diloco":
+        from thinwire.local_sgd import DiLoCo, node_group
+        topology = thinwire.Topology.build(2)
+        model = DDP(_model(), process_group=node_group(topology))
+        inner = torch.optim.SGD(model.parameters(), lr=0.01)
+        diloco = DiLoCo(model, inner, sync_every=2, algorithm="allreduce", topology=topology)
+    else:
+        model = DDP(_model())
+        thinwire.ddp.register(model, algorithm="hitopk", density=0.1, dense_below_bytes=0,
+                              ranks_per_node=1)
     for step in range(4):
         if rank == 1 and step == 2:
             os.kill(os.getpid(), signal.SIGSTOP)
         start = time.monotonic()
         try:
             _loss(model, rank, step).backward()
+            if mode == "diloco":
+                inner.step()
+                diloco.step()
         except Exception as exc:
             with open(result_path + ".tmp", "w") as handle:
                 handle.write(f"{time.monotonic() - start}\n{type(exc).__name__}: {exc}")

@@ -49,8 +49,11 @@ def node_group(topology):
     thinwire's groups from a background thread, and two threads issuing collectives on one group
     could interleave differently on different ranks."""
     n = topology.ranks_per_node
+    # the topology's timeout: without one, new_subgroups takes PyTorch's 30 minutes, not the
+    # user's (a frozen peer held a DiLoCo rank with 2 ranks a node for >120 s at 10 s)
     group, _ = dist.new_subgroups_by_enumeration(
-        [list(range(node * n, (node + 1) * n)) for node in range(topology.nodes)])
+        [list(range(node * n, (node + 1) * n)) for node in range(topology.nodes)],
+        timeout=topology.timeout)
     return group
 
 

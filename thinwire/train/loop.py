@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import datetime
 import logging
 import os
 import statistics
@@ -49,7 +50,7 @@ def train(cfg: TrainConfig) -> dict:
     for path, param in ((cfg.summary, "--summary"), (cfg.metrics, "--metrics")):
         check_output_path(path, param)  # before training, not after it
     device = _device(cfg)
-    owns_group = _init_distributed(device)
+    owns_group = _init_distributed(device, cfg.collective_timeout_s)
     try:
         return _train(cfg, device)
     finally:
@@ -70,14 +71,18 @@ def _device(cfg: TrainConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def _init_distributed(device: torch.device) -> bool:
+def _init_distributed(device: torch.device, timeout_s: float) -> bool:
+    """The default group, with the run's collective timeout (thinwire's own groups and dlcp's
+    transport take theirs from it)."""
     if dist.is_initialized():
         return False
     backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s)
     if "RANK" in os.environ:
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=timeout)
     else:  # a world of one, for a plain `thinwire train`
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout)
     return True
 
 

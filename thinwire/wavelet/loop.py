@@ -15,6 +15,7 @@ training with the combined batch (tested against a float64 single-process refere
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import logging
 import os
@@ -47,7 +48,8 @@ def train(cfg: TrainConfig) -> dict:
     memory.release_freed_memory()
     owns = not dist.is_initialized()
     if owns:
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo",
+                                timeout=datetime.timedelta(seconds=cfg.collective_timeout_s))
     try:
         return _train(cfg, Wave.from_env(cfg.waves))
     finally:
