@@ -190,11 +190,12 @@ def test_a_flood_of_future_rounds_and_seqs_stays_bounded(transports):
     target, peer = ts[0], ts[1]
     address = target._sock.getsockname()[:2]
     sent = 0
+    seqs = range(0, wire.MAX_DATAGRAMS, 2)  # a claimed total beyond one bitmap is bad at once
     for number, steps in ((1, 3), (5, 1), (9, 1)):
         for step in range(steps):
-            for seq in range(0, 20_000, 7):
-                header = wire.Header(wire.DATA, target.job, number, step, 0, 1, seq, 10**6, 0,
-                                     0, 1)
+            for seq in seqs:
+                header = wire.Header(wire.DATA, target.job, number, step, 0, 1, seq,
+                                     wire.MAX_DATAGRAMS, 0, 0, 1)
                 peer._sock.sendto(wire.encode(header, b"\x00" * 8), address)
                 sent += 1
                 if sent % 500 == 0:
@@ -207,7 +208,13 @@ def test_a_flood_of_future_rounds_and_seqs_stays_bounded(transports):
             break
         time.sleep(0.05)
     assert len(target._rounds) <= 2 and held == wire.MAX_DATAGRAMS
-    assert target.counters.stale == 2 * 2858 and target.counters.bad == 3 * 2858 - held
+    assert target.counters.stale == 2 * len(seqs) and target.counters.bad == 3 * len(seqs) - held
+    header = wire.Header(wire.DATA, target.job, 1, 7, 0, 1, 3, wire.MAX_DATAGRAMS + 1, 0, 0, 1)
+    peer._sock.sendto(wire.encode(header, b"\x00" * 8), address)
+    deadline = time.monotonic() + 10
+    while target.counters.bad == 3 * len(seqs) - held and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert target.counters.bad == 3 * len(seqs) - held + 1
 
 
 def test_corrupted_duplicated_reordered_and_foreign_datagrams_never_change_the_result():

@@ -111,7 +111,8 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     position = 1.0 - bucket_index / transport.max_bucket if transport.max_bucket else 0.5
     before = transport.counters.snapshot()
     with state.timer("inter" if topo.nodes > 1 else "intra"):
-        result = transport.exchange(state.steps, bucket_index, values, indices, position)
+        result = transport.exchange(state.steps, bucket_index, values, indices, position,
+                                    index_limit=numel)
     lost = result.own_lost
     if lost.numel() and state.feedback.enabled:  # back to error feedback: nothing is lost
         state.feedback.residuals[bucket_index].index_add_(0, indices[lost], values[lost])

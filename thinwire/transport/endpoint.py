@@ -27,6 +27,7 @@ until answered, so only a dead peer stops a round; that ends in TimeoutError nam
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import logging
 import os
@@ -253,13 +254,19 @@ class Transport(Receiver):
     # ------------------------------------------------------------------ the exchange
 
     def exchange(self, step: int, bucket: int, values: torch.Tensor,
-                 indices: torch.Tensor | None = None, layer_position: float = 0.5) -> Exchanged:
-        """All-gather ``values`` (dense) or ``(values, indices)`` (sparse) with every peer."""
+                 indices: torch.Tensor | None = None, layer_position: float = 0.5,
+                 index_limit: int | None = None) -> Exchanged:
+        """All-gather ``values`` (dense) or ``(values, indices)`` (sparse) with every peer.
+        ``index_limit``: a sparse payload's indices lie in [0, index_limit) on every rank; a
+        received datagram with one outside, or with a non-finite value, is dropped and counted
+        (``counters.bad``), never applied."""
         if indices is not None and indices.numel() != values.numel():
             raise ValueError(f"indices ({indices.numel()}) and values ({values.numel()}) of a "
                              f"sparse payload must have the same length")
         self._check_size(values, indices is not None)
         cut = payloads.cut(values, indices, self.high_share, self.datagram_bytes)
+        if index_limit:
+            cut.layout = dataclasses.replace(cut.layout, index_limit=int(index_limit))
         layout = cut.layout
         flags = wire.SPARSE if layout.sparse else 0
         with self._cond:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from thinwire.transport import wire
@@ -36,12 +37,37 @@ class Layout:
     n_high: int
 
     entry_bytes: int = 0  # value (+ index) bytes of one entry
+    index_limit: int = 0  # sparse: every index must lie in [0, index_limit) (0: not checked)
 
 
     def span(self, seq: int) -> tuple[int, int]:
         """(offset, count) of datagram ``seq``."""
         offset = seq * self.per_datagram
         return offset, min(self.per_datagram, self.entries - offset)
+
+
+# A float is non-finite exactly when its exponent bits are all ones: checked on the raw bits, so
+# every wire dtype (bfloat16 too, which numpy lacks) takes one vectorised pass and no tensor.
+_EXPONENT = {torch.float32: (np.uint32, 0x7F800000), torch.float16: (np.uint16, 0x7C00),
+             torch.bfloat16: (np.uint16, 0x7F80), torch.float64: (np.uint64, 0x7FF0000000000000)}
+
+
+def check_content(layout: Layout, count: int, body: bytes) -> str | None:
+    """Why a datagram's entries cannot be applied (None: they can): a non-finite value, or an
+    index outside [0, index_limit). A peer never sends either; a forged or corrupted datagram
+    that passed the checksum might."""
+    size = layout.entry_bytes - (INDEX_BYTES if layout.sparse else 0)
+    bits = _EXPONENT.get(layout.dtype)
+    if bits is not None:
+        raw = np.frombuffer(body, dtype=bits[0], count=count)
+        if np.any((raw & bits[0](bits[1])) == bits[0](bits[1])):
+            return "a non-finite value"
+    if layout.sparse:
+        indices = np.frombuffer(body, dtype=np.int32, count=count, offset=count * size)
+        if count and (indices.min() < 0 or (layout.index_limit
+                                            and indices.max() >= layout.index_limit)):
+            return f"an index outside [0, {layout.index_limit or '...'})"
+    return None
 
 
 def entries_per_datagram(dtype: torch.dtype, sparse: bool,

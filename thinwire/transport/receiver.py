@@ -63,7 +63,10 @@ class Receiver:
             # keyed by the claimed exchange too: a datagram claiming another step must not
             # take the place of the real one before the layout can tell them apart
             key = (header.step, header.bucket, header.seq)
-            if header.seq >= header.total or len(incoming.raw) >= wire.MAX_DATAGRAMS:
+            # no payload has more datagrams than one bitmap holds: a larger claimed total would
+            # make this rank's ACK too large to send (a forged total=100000 crashed a rank)
+            if header.seq >= header.total or header.total > wire.MAX_DATAGRAMS \
+                    or len(incoming.raw) >= wire.MAX_DATAGRAMS:
                 self.counters.bad += 1
             elif key in incoming.raw:
                 self.counters.duplicates += 1
@@ -248,6 +251,14 @@ class Receiver:
                     self._handle(sender, header, body, now)
                 except wire.BadDatagram:
                     self.counters.bad += 1
+                except Exception as exc:  # noqa: BLE001 - a datagram must not end this thread
+                    # (the exchange would wait out its timeout): counted, the first one logged
+                    self.counters.bad += 1
+                    if not getattr(self, "_handle_failed", False):
+                        self._handle_failed = True
+                        log.warning("rank %d: a datagram from rank %d could not be handled "
+                                    "(%s: %s); dropped, and such datagrams are counted as bad",
+                                    self.rank, sender, type(exc).__name__, exc)
             if notify:
                 self._cond.notify_all()
         return not notify

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from thinwire.transport import wire
-from thinwire.transport.payload import Layout, body_bytes
+from thinwire.transport.payload import Layout, body_bytes, check_content
 
 
 @dataclass
@@ -88,7 +88,7 @@ def check_data(layout: Layout, header: wire.Header, body: bytes) -> str | None:
         return "high flag"
     if len(body) != body_bytes(layout, header.seq):
         return f"body of {len(body)} bytes"
-    return None
+    return check_content(layout, header.count, body)
 
 
 def complete(layout: Layout, incoming: Incoming, epsilon: float) -> bool:
