@@ -134,6 +134,20 @@ def damages() -> dict:
     def residual_type(p):
         rewrite(p, lambda d: d["hook"]["feedback"]["residuals"].__setitem__(0, "junk"))
 
+    def nan_in(path_of):  # a NaN where the checksum is still right (issue 33, item 4)
+        def damage(p):
+            def change(d):
+                tensor = path_of(d)
+                tensor.view(-1)[0] = float("nan")
+            rewrite(p, change)
+        return damage
+
+    def nan_base_lr(p):
+        rewrite(p, lambda d: d["scheduler"].__setitem__("base_lrs", [float("nan")]))
+
+    def huge_lr(p):
+        rewrite(p, lambda d: d["optimizer"]["param_groups"][0].__setitem__("lr", float("inf")))
+
     return {
         "flipped-bytes": (flip_bytes, "checksum mismatch"),
         "truncated": (lambda p: p.write_bytes(p.read_bytes()[:1000]), "checksum mismatch"),
@@ -153,6 +167,15 @@ def damages() -> dict:
         "scheduler-setting-type": (lambda p: rewrite(p, lambda d: d["scheduler"]["lr_lambdas"][0]
                                                      .__setitem__("total_steps", "six")),
                                    "scheduler.lr_lambdas[0]"),
+        "scheduler-nan-base-lr": (nan_base_lr, "scheduler.base_lrs"),
+        "optimizer-inf-lr": (huge_lr, "optimizer.param_groups[0].lr"),
+        "model-nan-weight": (nan_in(lambda d: next(iter(d["model"].values()))), "finite values"),
+        "optimizer-nan-momentum": (nan_in(lambda d: next(iter(d["optimizer"]["state"].values()))
+                                          ["momentum_buffer"]), "finite values"),
+        "larger-than-the-model-allows": (lambda p: p.write_bytes(p.read_bytes() + bytes(
+            70 * 2**20)), "more than a checkpoint of this model can hold"),
+        "hook-nan-residual": (nan_in(lambda d: next(iter(
+            d["hook"]["feedback"]["residuals"].values()))), "hook.feedback.residuals"),
     }
 
 

@@ -60,7 +60,8 @@ def test_damaged_newest_falls_back_to_previous(run_dir, case, caplog):
     module, opt = _model_and_optimizer()
     with caplog.at_level(logging.WARNING):
         payload = checkpoint.load(run_dir, 0, H.config(), 1, steps_per_epoch=_steps(),
-                                  check=_check(module, opt))
+                                  check=_check(module, opt),
+                                  max_bytes=checkpoint.size_limit(module))
     assert payload["step"] == 2  # the previous checkpoint, not the damaged one
     warned = " ".join(r.getMessage() for r in caplog.records)
     assert str(rank_file(run_dir, 0)) in warned and reason in warned

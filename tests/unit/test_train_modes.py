@@ -76,14 +76,24 @@ def test_diloco_lands_its_exchange_in_flight_unless_the_run_stopped_to_resume(st
 
 
 def test_each_mode_checks_its_own_checkpoint_state():
-    numel = 10
+    numel = [(2, 3), (4,)]  # the parameters' shapes
     inner = {"steps": 3, "feedback": {"enabled": True, "residuals": {}, "velocities": {}}}
-    good = {"inner_steps": 2, "pending": {}, "anchor": [torch.zeros(4)],
-            "momentum": [torch.zeros(4)], "sync": inner}
+    good = {"inner_steps": 2, "pending": {}, "anchor": [torch.zeros(2, 3), torch.zeros(4)],
+            "momentum": [torch.zeros(2, 3), torch.zeros(4)], "sync": inner}
     modes.DILOCO.check_hook(good, "diloco", numel)
     bad = {**good, "sync": {**inner, "steps": -1}}
     with pytest.raises(ValueError, match=r"hook\.sync\.steps"):
         modes.DILOCO.check_hook(bad, "diloco", numel)
+    # a one-element anchor would load by broadcasting: refused by shape
+    broadcast = {**good, "anchor": [torch.zeros(1), torch.zeros(1)]}
+    with pytest.raises(ValueError, match=r"field 'hook\.anchor' is \[\(1,\), \(1,\)\], "
+                                         r"expected 2 floating tensors shaped like the "
+                                         r"parameters"):
+        modes.DILOCO.check_hook(broadcast, "diloco", numel)
+    nan = {**good, "momentum": [torch.zeros(2, 3), torch.tensor([0.0, float("nan"), 0, 0])]}
+    with pytest.raises(ValueError, match=r"field 'hook\.momentum\[1\]' is 'a NaN or Inf', "
+                                         r"expected finite values"):
+        modes.DILOCO.check_hook(nan, "diloco", numel)
     modes.PER_STEP.check_hook(inner, "hitopk", numel)
     modes.PER_STEP.check_hook(None, "ddp", numel)
     with pytest.raises(ValueError, match=r"None \(--algorithm ddp keeps no state\)"):

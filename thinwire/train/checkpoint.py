@@ -86,8 +86,24 @@ def save(directory: str | os.PathLike, rank: int, payload: dict) -> Path:
     return path
 
 
-def read(path: Path, rank: int) -> dict:
-    """The payload of one file; CorruptFile when it is not an intact checkpoint of ``rank``."""
+def size_limit(module: torch.nn.Module) -> int:
+    """The most bytes a checkpoint of ``module`` can hold: the model, the optimizer's state,
+    residuals, velocities and DiLoCo's anchor and momentum are each at most the model's size
+    (8 of them, generously), plus the schedule, metrics and framing."""
+    model_bytes = sum(t.numel() * t.element_size() for t in module.state_dict().values())
+    return 8 * model_bytes + 64 * 2**20
+
+
+def read(path: Path, rank: int, max_bytes: int | None = None) -> dict:
+    """The payload of one file; CorruptFile when it is not an intact checkpoint of ``rank``,
+    or (``max_bytes``) larger than one can be: it is not read into memory then."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise safefile.CorruptFile(f"{path}: cannot be read ({exc.strerror})") from None
+    if max_bytes is not None and size > max_bytes:
+        raise safefile.CorruptFile(f"{path}: {size} bytes, more than a checkpoint of this model "
+                                   f"can hold ({max_bytes}); not read")
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -118,10 +134,12 @@ def check_identity(payload: dict, directory, config, world_size: int) -> None:
 
 
 def load(directory: str | os.PathLike, rank: int, config, world_size: int, *,
-         steps_per_epoch: int, check: Callable[[dict], None] | None = None) -> dict:
+         steps_per_epoch: int, check: Callable[[dict], None] | None = None,
+         max_bytes: int | None = None) -> dict:
     """This rank's newest checkpoint that is intact and fits ``config`` (and ``check``, which
     raises CheckpointMismatch for tensors that do not fit the model), at a step every rank
-    has. Collective when a process group is initialised: every rank must call it."""
+    has. ``max_bytes``: a larger file is refused unread (:func:`size_limit`). Collective when
+    a process group is initialised: every rank must call it."""
     path = rank_file(directory, rank)
     safefile.remove_orphans(path)
     safefile.remove_orphans(previous_file(directory, rank))
@@ -132,7 +150,7 @@ def load(directory: str | os.PathLike, rank: int, config, world_size: int, *,
         if not candidate.is_file():
             continue
         try:
-            payload = read(candidate, rank)
+            payload = read(candidate, rank, max_bytes)
             if not isinstance(payload, dict):
                 raise CheckpointMismatch(f"holds a {type(payload).__name__}, not a dict")
             check_identity(payload, directory, config, world_size)

@@ -14,6 +14,8 @@ MT19937 key as an int64 tensor plus its position and cached Gaussian, so the fil
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -96,6 +98,20 @@ def check_model(saved: dict, module: torch.nn.Module) -> None:
                  f"a {tensor.dtype} tensor of shape {tuple(tensor.shape)}",
                  f"{getattr(got, 'dtype', type(got).__name__)} "
                  f"{tuple(getattr(got, 'shape', ()))}")
+        _require_finite(got, f"model.{name}")
+
+
+def _require_finite(tensor, field: str) -> None:
+    """A floating tensor of a checkpoint holds no NaN/Inf (a valid checksum does not say so:
+    a resumed run would train to NaN and exit 0)."""
+    if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+        _require(bool(torch.isfinite(tensor).all()), field, "finite values",
+                 "a NaN or Inf")
+
+
+def _finite_number(value, low: float) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value >= low)
 
 
 def check_optimizer(saved: dict, optimizer: torch.optim.Optimizer) -> None:
@@ -106,6 +122,11 @@ def check_optimizer(saved: dict, optimizer: torch.optim.Optimizer) -> None:
              f"{len(mine)} groups", len(groups) if isinstance(groups, list) else groups)
     shapes = {}
     for index, (theirs, group) in enumerate(zip(groups, mine)):
+        for setting in ("lr", "momentum", "weight_decay"):  # what the optimizer steps with
+            if isinstance(theirs, dict) and setting in theirs:
+                _require(_finite_number(theirs[setting], 0.0),
+                         f"optimizer.param_groups[{index}].{setting}", "a finite number >= 0",
+                         theirs[setting])
         params = theirs.get("params") if isinstance(theirs, dict) else None
         _require(isinstance(params, list) and len(params) == len(group["params"])
                  and all(_is_int(p) for p in params), f"optimizer.param_groups[{index}]",
@@ -120,6 +141,7 @@ def check_optimizer(saved: dict, optimizer: torch.optim.Optimizer) -> None:
             if isinstance(value, torch.Tensor) and value.dim() > 0:
                 _require(value.shape == shapes[key], f"optimizer.state[{key}].{name}",
                          f"shape {tuple(shapes[key])}", tuple(value.shape))
+                _require_finite(value, f"optimizer.state[{key}].{name}")
             else:
                 _require(isinstance(value, (int, float, torch.Tensor)) or value is None,
                          f"optimizer.state[{key}].{name}", "a number or tensor",
@@ -132,6 +154,12 @@ def check_scheduler(saved: dict, scheduler) -> None:
     mine = scheduler.state_dict()
     _require(_is_int(saved.get("last_epoch")) and saved["last_epoch"] >= 0,
              "scheduler.last_epoch", "an integer >= 0", saved.get("last_epoch"))
+    for name in ("base_lrs", "_last_lr"):  # the schedule's rates: a NaN here trained to NaN
+        if name in mine:
+            rates = saved.get(name)
+            _require(isinstance(rates, list) and len(rates) == len(mine[name])
+                     and all(_finite_number(r, 0.0) for r in rates), f"scheduler.{name}",
+                     f"{len(mine[name])} finite learning rate(s) >= 0", rates)
     lambdas, expected = saved.get("lr_lambdas"), mine.get("lr_lambdas")
     _require(isinstance(lambdas, list) and len(lambdas) == len(expected),
              "scheduler.lr_lambdas", f"a list of {len(expected)}", type(lambdas).__name__)
@@ -152,6 +180,7 @@ def _check_tensor_dict(value, field: str, most: int) -> None:
                  f"a floating tensor of at most {most} elements (the model's size)",
                  f"{getattr(tensor, 'dtype', type(tensor).__name__)} "
                  f"{tuple(getattr(tensor, 'shape', ()))}")
+        _require_finite(tensor, f"{field}[{index}]")
 
 
 def _check_layouts(value, field: str) -> None:
@@ -162,9 +191,11 @@ def _check_layouts(value, field: str) -> None:
                  f"{field}[{index!r}]", "None or a list of parameter indices", layout)
 
 
-def check_per_step_hook(saved, algorithm: str, numel: int) -> None:
+def check_per_step_hook(saved, algorithm: str, shapes: list) -> None:
     """A per-step run's hook memory: residuals and velocities (thinwire's algorithms), error
-    and P/Q memories and the generator (PowerSGD), nothing (DDP's own)."""
+    and P/Q memories and the generator (PowerSGD), nothing (DDP's own). ``shapes``: the
+    model's trained parameters' shapes, in order."""
+    numel = sum(math.prod(shape) for shape in shapes)
     if algorithm in collectives.names():
         _check_sync_state(saved, "hook", numel)
     elif algorithm == "powersgd":
@@ -179,16 +210,24 @@ def check_per_step_hook(saved, algorithm: str, numel: int) -> None:
         check_no_hook(saved, algorithm)
 
 
-def check_diloco_hook(saved, algorithm: str, numel: int) -> None:
-    """DiLoCo's sync: anchor and outer momentum, the exchange in flight, the inner SyncState."""
+def check_diloco_hook(saved, algorithm: str, shapes: list) -> None:
+    """DiLoCo's sync: anchor and outer momentum (one tensor per trained parameter, of its
+    shape: a one-element anchor loaded by broadcasting), the exchange in flight, the inner
+    SyncState."""
+    numel = sum(math.prod(shape) for shape in shapes)
     _require(isinstance(saved, dict) and _is_int(saved.get("inner_steps"))
              and saved["inner_steps"] >= 0 and isinstance(saved.get("pending"), dict),
              "hook", "a DiLoCo state (inner_steps >= 0, pending)", type(saved).__name__)
     for name in ("anchor", "momentum"):
         tensors = saved.get(name)
-        _require(isinstance(tensors, list) and all(
-            isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() <= numel
-            for t in tensors), f"hook.{name}", "a list of floating tensors", type(tensors))
+        _require(isinstance(tensors, list) and len(tensors) == len(shapes) and all(
+            isinstance(t, torch.Tensor) and t.is_floating_point()
+            and tuple(t.shape) == tuple(shape) for t, shape in zip(tensors, shapes)),
+            f"hook.{name}", f"{len(shapes)} floating tensors shaped like the parameters",
+            [tuple(getattr(t, "shape", ())) for t in tensors][:4]
+            if isinstance(tensors, list) else type(tensors).__name__)
+        for index, tensor in enumerate(tensors):
+            _require_finite(tensor, f"hook.{name}[{index}]")
     _check_sync_state(saved.get("sync"), "hook.sync", numel)
 
 

@@ -175,13 +175,13 @@ def evaluate(cfg, module, ds, device) -> tuple[float, float]:
 
 def _fits(cfg: TrainConfig, module: torch.nn.Module, opt, sched):
     """The check a checkpoint passes before any of it is loaded (else the previous one is)."""
-    numel = sum(p.numel() for p in module.parameters())
+    shapes = [tuple(p.shape) for p in module.parameters() if p.requires_grad]
 
     def check(payload: dict) -> None:
         checkpoint_checks.check_model(payload["model"], module)
         checkpoint_checks.check_optimizer(payload["optimizer"], opt)
         checkpoint_checks.check_scheduler(payload["scheduler"], sched)
-        modes.mode_of(cfg.algorithm).check_hook(payload.get("hook"), cfg.algorithm, numel)
+        modes.mode_of(cfg.algorithm).check_hook(payload.get("hook"), cfg.algorithm, shapes)
     return check
 
 
@@ -203,7 +203,8 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     ds, module, steps_per_epoch, total_steps, opt, sched = setup_run(cfg, rank, world, device)
     saved = checkpoint.load(cfg.resume, rank, cfg, world, steps_per_epoch=steps_per_epoch,
-                            check=_fits(cfg, module, opt, sched)) if cfg.resume else None
+                            check=_fits(cfg, module, opt, sched),
+                            max_bytes=checkpoint.size_limit(module)) if cfg.resume else None
     if saved is not None:
         module.load_state_dict(saved["model"])
     device_ids = [device.index] if device.type == "cuda" else None

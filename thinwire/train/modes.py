@@ -33,7 +33,7 @@ class Mode:
     algorithms: Callable[[], tuple[str, ...]]  # the --algorithm names it takes (read late)
     check: Callable[[Any], None]                # a TrainConfig with one of those names
     build: Callable[[Any, Any, Any], Any]       # (cfg, module, device_ids) -> the run's sync
-    check_hook: Callable[[Any, str, int], None]  # (saved hook state, algorithm, numel)
+    check_hook: Callable[[Any, str, list], None]  # (saved hook state, algorithm, param shapes)
     per_step: bool                              # synchronises every step (what --waves 2 needs)
     in_default_race: bool                       # thinwire compare races it without being asked
     compare_recipe: dict = field(default_factory=dict)  # TrainConfig settings compare forces
@@ -77,7 +77,7 @@ def _build_torchft(cfg, module, device_ids):
     return TorchftDiLoCoSync(cfg, module, Topology.build(cfg.ranks_per_node), device_ids)
 
 
-def _check_no_hook_state(saved, algorithm: str, numel: int) -> None:
+def _check_no_hook_state(saved, algorithm: str, shapes: list) -> None:
     checkpoint_checks.check_no_hook(saved, algorithm)
 
 
