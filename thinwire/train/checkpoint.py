@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from pathlib import Path
 from typing import Callable
 
@@ -169,7 +170,8 @@ def load(directory: str | os.PathLike, rank: int, config, world_size: int, *,
     if failure is None and not usable and not refused:
         failure = FileNotFoundError(f"--resume {directory}: no checkpoint for rank {rank} "
                                     f"(expected {path})")
-    step = _agree(sorted(usable), failure is not None, directory, refused)
+    step = _agree(sorted(usable), failure is not None, directory, refused,
+                  {s: int(p["run"]) for s, p in usable.items() if _is_run_id(p.get("run"))})
     if failure is not None:
         raise failure
     if step != max(usable):
@@ -181,11 +183,33 @@ def load(directory: str | os.PathLike, rank: int, config, world_size: int, *,
     return usable[step]
 
 
-def _agree(steps: list[int], failed: bool, directory, refused: list[str]) -> int | None:
-    """The newest step usable on every rank; every rank raises when there is none."""
-    mine = torch.full((3,), -1, dtype=torch.int64)
+def run_id(saved: dict | None, device: torch.device) -> int:
+    """The run's identity, the same on every rank: a resumed run keeps its checkpoint's, a new
+    one takes rank 0's random number (collective). Every file carries it, so that the ranks
+    cannot resume from files of different runs (another run's rank-1 file, copied in)."""
+    if saved is not None and _is_run_id(saved.get("run")):
+        return int(saved["run"])
+    mine = torch.tensor([secrets.randbits(62) + 1], dtype=torch.int64)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        mine = mine.to(device if dist.get_backend() == "nccl" else torch.device("cpu"))
+        dist.broadcast(mine, 0)
+    return int(mine.cpu()[0])
+
+
+def _is_run_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**63
+
+
+def _agree(steps: list[int], failed: bool, directory, refused: list[str],
+           runs: dict | None = None) -> int | None:
+    """The newest step usable on every rank, whose files all belong to one run (``runs``:
+    step -> run id, 0 where a file predates run ids); every rank raises when there is none."""
+    runs = runs or {}
+    mine = torch.full((5,), -1, dtype=torch.int64)
     mine[0] = int(failed)
-    mine[1:1 + len(steps)] = torch.tensor(steps[-2:], dtype=torch.int64)
+    mine[1:1 + len(steps[-2:])] = torch.tensor(steps[-2:], dtype=torch.int64)
+    mine[3:3 + len(steps[-2:])] = torch.tensor([runs.get(s, 0) for s in steps[-2:]],
+                                               dtype=torch.int64)
     gathered = [mine]
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         device = (torch.device("cuda", torch.cuda.current_device())
@@ -200,8 +224,16 @@ def _agree(steps: list[int], failed: bool, directory, refused: list[str]) -> int
     if broken:
         raise NoUsableCheckpoint(f"--resume {directory}: rank(s) {broken} cannot resume "
                                  "(their error is in their log); no rank resumes")
-    per_rank = [{int(s) for s in g[1:] if s >= 0} for g in gathered]
+    per_rank = [{int(s) for s in g[1:3] if s >= 0} for g in gathered]
     common = set.intersection(*per_rank)
+    run_of = [{int(g[1 + i]): int(g[3 + i]) for i in range(2) if g[1 + i] >= 0}
+              for g in gathered]
+    for step in sorted(common):
+        known = {r[step] for r in run_of if r[step]}  # 0: a file from before run ids
+        if len(known) > 1:
+            common.discard(step)
+            refused.append(f"the ranks' files of step {step} belong to different runs (run ids "
+                           f"{[r[step] for r in run_of]}): another run's file was copied in")
     if not common:
         empty = [r for r, s in enumerate(per_rank) if not s]
         detail = ("; ".join(refused) if refused else

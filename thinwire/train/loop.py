@@ -207,6 +207,7 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
                             max_bytes=checkpoint.size_limit(module)) if cfg.resume else None
     if saved is not None:
         module.load_state_dict(saved["model"])
+    run_id = checkpoint.run_id(saved, device)
     device_ids = [device.index] if device.type == "cuda" else None
     sync = modes.mode_of(cfg.algorithm).build(cfg, module, device_ids)
     model = sync.model
@@ -239,7 +240,7 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
             "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
             "hook": sync.state_dict(), "step": step, "epoch": epoch, "position": position,
-            "metrics": metrics.state_dict()})
+            "metrics": metrics.state_dict(), "run": run_id})
 
     def run_eval():
         acc, loss = evaluate(cfg, module, ds, device)
