@@ -192,6 +192,9 @@ def test_batch_one_scaling_rule():
     (dict(group=0, schedule="gpipe"), "group (M, micro-batches per update) must be >= 1"),
     (dict(dataset="cifar"), "dataset must be one of"),
     (dict(momentum=1.0), "momentum must be in [0, 1)"),
+    (dict(lr=float("nan")), "lr must be a number in (0, 1000], got nan"),
+    (dict(lr=0.0), "lr must be a number in (0, 1000], got 0.0"),
+    (dict(timeout_s=float("inf")), "timeout must be > 0 seconds, got inf"),
     (dict(lwp_form="quadratic"), "lwp_form must be 'velocity' or 'weights', got 'quadratic'"),
 ])
 def test_bad_input_is_refused_clearly(kwargs, message):

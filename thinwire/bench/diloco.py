@@ -14,6 +14,7 @@ import argparse
 import statistics
 
 from thinwire.bench.report import format_table, run_cluster_worker, save_if_asked
+from thinwire.cliargs import integer, number
 
 SPARSE_OPTIONS = ("sparse_density", "chunk", "bits", "ef_decay", "sparse_outer_lr",
                   "sparse_outer_momentum")
@@ -124,48 +125,48 @@ def _main(args: argparse.Namespace) -> int:
 def register(bench_subparsers) -> None:
     parser = bench_subparsers.add_parser(
         "diloco", help="DiLoCo vs per-step DDP and hitopk on the emulated cluster (and torchft)")
-    parser.add_argument("--nodes", type=int, default=2, help="emulated nodes")
-    parser.add_argument("--ranks-per-node", type=int, default=2, help="ranks (processes) per node")
+    parser.add_argument("--nodes", type=integer(1, 250), default=2, help="emulated nodes")
+    parser.add_argument("--ranks-per-node", type=integer(1, 256), default=2, help="ranks (processes) per node")
     parser.add_argument("--inter-node-bandwidth", default="100mbit",
                         help="rate of each node's link: 100mbit, 1gbit")
     parser.add_argument("--no-shaping", action="store_true",
                         help="loopback only (no root needed): the logical topology, no slow links")
     parser.add_argument("--model", default="transformer",
                         help="model trained by every configuration")
-    parser.add_argument("--steps", type=int, default=120, help="inner steps per configuration")
-    parser.add_argument("--batch", type=int, default=16, help="blocks per rank per step")
-    parser.add_argument("--lr", type=float, default=3e-3, help="inner AdamW learning rate")
-    parser.add_argument("--density", type=float, default=0.01,
+    parser.add_argument("--steps", type=integer(1), default=120, help="inner steps per configuration")
+    parser.add_argument("--batch", type=integer(1), default=16, help="blocks per rank per step")
+    parser.add_argument("--lr", type=number(0, 1e3, low_open=True), default=3e-3, help="inner AdamW learning rate")
+    parser.add_argument("--density", type=number(0, 1, low_open=True), default=0.01,
                         help="share of entries sent by hitopk (per step, and on the outer step)")
-    parser.add_argument("--sync-every", type=int, nargs="+", default=[20],
+    parser.add_argument("--sync-every", type=integer(1), nargs="+", default=[20],
                         help="DiLoCo's inner steps between outer steps (H); several for a sweep")
-    parser.add_argument("--outer-density", type=float, default=None,
+    parser.add_argument("--outer-density", type=number(0, 1, low_open=True), default=None,
                         help="density of the hitopk outer step (default: --density)")
     parser.add_argument("--configs", nargs="+", default=None,
                         help="explicit list: ddp, hitopk, diloco-H, diloco-hitopk-H, "
                              "diloco-sparseloco-H")
-    parser.add_argument("--sparse-density", type=float, default=0.1,
+    parser.add_argument("--sparse-density", type=number(0, 1, low_open=True), default=0.1,
                         help="diloco-sparseloco-H: top-k density within each chunk")
-    parser.add_argument("--chunk", type=int, default=4096,
+    parser.add_argument("--chunk", type=integer(1, 32768), default=4096,
                         help="diloco-sparseloco-H: elements per top-k chunk (<= 32768)")
-    parser.add_argument("--bits", type=int, default=2,
+    parser.add_argument("--bits", type=integer(0, 8), default=2,
                         help="diloco-sparseloco-H: bits per sent value, 2, 4 or 8 (0 = float32)")
-    parser.add_argument("--ef-decay", type=float, default=0.95,
+    parser.add_argument("--ef-decay", type=number(0, 1), default=0.95,
                         help="diloco-sparseloco-H: decay of the error-feedback residual")
-    parser.add_argument("--sparse-outer-lr", type=float, default=0.7,
+    parser.add_argument("--sparse-outer-lr", type=number(0, 10, low_open=True), default=0.7,
                         help="diloco-sparseloco-H: outer learning rate")
-    parser.add_argument("--sparse-outer-momentum", type=float, default=0.0,
+    parser.add_argument("--sparse-outer-momentum", type=number(0, 1, high_open=True), default=0.0,
                         help="diloco-sparseloco-H: outer Nesterov momentum (SparseLoCo: 0)")
-    parser.add_argument("--eval-every", type=int, default=20,
+    parser.add_argument("--eval-every", type=integer(1), default=20,
                         help="steps between held-out evaluations")
-    parser.add_argument("--target-bits", type=float, default=None,
+    parser.add_argument("--target-bits", type=number(0, 8, low_open=True), default=None,
                         help="bits per byte for time to target (not set: per-step hitopk's "
                              "final value)")
     parser.add_argument("--torchft", action="store_true",
                         help="also time thinwire's dense DiLoCo against torchft per outer step")
     parser.add_argument("--torchft-only", action="store_true",
                         help="only the thinwire-against-torchft timing")
-    parser.add_argument("--repeats", type=int, default=3,
+    parser.add_argument("--repeats", type=integer(1), default=3,
                         help="torchft timing: repetitions (the median is reported)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     parser.set_defaults(func=_main)

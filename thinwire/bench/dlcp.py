@@ -13,6 +13,7 @@ from __future__ import annotations
 
 
 from thinwire.bench.report import format_table, run_cluster_worker, save_if_asked
+from thinwire.cliargs import integer, number
 from thinwire.cluster.cli import add_resource_options, resource_kwargs
 from thinwire.collectives.dlcp import ALGORITHM as DLCP
 
@@ -68,18 +69,18 @@ def register(bench_subparsers) -> None:
     parser = bench_subparsers.add_parser(
         "dlcp", help="dlcp's step time against the same payload over gloo, under loss and a "
                      "competing low-priority bulk flow")
-    parser.add_argument("--nodes", type=int, default=4, help="emulated nodes (default 4)")
-    parser.add_argument("--ranks-per-node", type=int, default=1, help="ranks per node (default 1)")
+    parser.add_argument("--nodes", type=integer(2, 250), default=4, help="emulated nodes (default 4)")
+    parser.add_argument("--ranks-per-node", type=integer(1, 256), default=1, help="ranks per node (default 1)")
     parser.add_argument("--inter-node-bandwidth", default="100mbit",
                         help="each node's link rate (default 100mbit)")
     parser.add_argument("--loss", default="1", help="percent of packets lost (default 1)")
     parser.add_argument("--no-shaping", action="store_true",
                         help="loopback only: no shaping, loss or bulk flow")
-    parser.add_argument("--size", type=int, default=1_000_000,
+    parser.add_argument("--size", type=integer(1), default=1_000_000,
                         help="gradient elements per step (default 1000000)")
-    parser.add_argument("--density", type=float, default=0.02, help="top-k density (default 0.02)")
-    parser.add_argument("--steps", type=int, default=100, help="timed steps (default 100)")
-    parser.add_argument("--epsilon", type=float, default=0.02,
+    parser.add_argument("--density", type=number(0, 1, low_open=True), default=0.02, help="top-k density (default 0.02)")
+    parser.add_argument("--steps", type=integer(1), default=100, help="timed steps (default 100)")
+    parser.add_argument("--epsilon", type=number(0, 0.1), default=0.02,
                         help="dlcp: share of low-class datagrams a step may miss (default 0.02)")
     parser.add_argument("--no-bulk", action="store_true",
                         help="no competing bulk flow (default: one, in the lowest class)")

@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from thinwire.bench.report import format_table, run_cluster_worker, save_if_asked
 from thinwire import collectives, topk
-from thinwire.cliargs import add_algorithm_option, options_by_algorithm
+from thinwire.bench.report import format_table, run_cluster_worker, save_if_asked
+from thinwire.cliargs import add_algorithm_option, integer, number, options_by_algorithm
 from thinwire.cluster.cli import add_resource_options, resource_kwargs
 
 COLUMNS = ("algorithm", "nonfinite", "median_s", "vs_allreduce", "vs_topk_allgather",
@@ -89,23 +89,23 @@ def _main(args: argparse.Namespace) -> int:
 def register(bench_subparsers) -> None:
     parser = bench_subparsers.add_parser(
         "sync", help="one gradient synchronisation per algorithm on the emulated cluster")
-    parser.add_argument("--nodes", type=int, default=2, help="emulated nodes")
-    parser.add_argument("--ranks-per-node", type=int, default=2, help="ranks (processes) per node")
+    parser.add_argument("--nodes", type=integer(1, 250), default=2, help="emulated nodes")
+    parser.add_argument("--ranks-per-node", type=integer(1, 256), default=2, help="ranks (processes) per node")
     parser.add_argument("--inter-node-bandwidth", default="1gbit",
                         help="rate of each node's link: 100mbit, 1gbit")
     parser.add_argument("--intra-node-bandwidth", default=None,
                         help="rate between ranks of one node (its loopback); not set: unshaped")
     parser.add_argument("--no-shaping", action="store_true",
                         help="loopback only (no root needed): the logical topology, no slow links")
-    parser.add_argument("--size", type=int, default=25_600_000, help="gradient elements")
-    parser.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket size in MiB")
-    parser.add_argument("--density", type=float, default=0.01,
+    parser.add_argument("--size", type=integer(1), default=25_600_000, help="gradient elements")
+    parser.add_argument("--bucket-mb", type=number(0, 10240, low_open=True), default=25.0, help="gradient bucket size in MiB")
+    parser.add_argument("--density", type=number(0, 1, low_open=True), default=0.01,
                         help="sparse algorithms: share of entries sent")
-    parser.add_argument("--selector", default="mstopk",
+    parser.add_argument("--selector", default="mstopk", choices=topk.METHODS,
                         help=f"top-k selection method: {', '.join(topk.METHODS)}")
     parser.add_argument("--algorithms", nargs="+", choices=list(collectives.names()),
                         default=list(collectives.names()), help="algorithms to time")
-    parser.add_argument("--repeats", type=int, default=5,
+    parser.add_argument("--repeats", type=integer(1), default=5,
                         help="timed synchronisations per algorithm (the median is reported)")
     add_algorithm_option(parser)
     parser.add_argument("--nonfinite", nargs="+", default=["raise"], metavar="POLICY",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -12,6 +13,10 @@ from thinwire.pipeline import schedules, split
 
 DATASETS = ("digits", "mnist5k")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+# far above any useful step size: past it the first update overflows (the training loop's)
+MAX_LR = 1e3
 
 
 @dataclass
@@ -62,9 +67,15 @@ class PipelineConfig:
             if len(self.cuts) + 1 != self.stages:
                 raise ValueError(f"cuts {self.cuts} make {len(self.cuts) + 1} stages, but "
                                  f"stages={self.stages}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr)
+                and 0 < self.lr <= MAX_LR):
+            raise ValueError(f"lr must be a number in (0, {MAX_LR:g}], got {self.lr!r}")
+        if not (isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1):
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum!r}")
         if self.lwp_form not in ("velocity", "weights"):
             raise ValueError(f"lwp_form must be 'velocity' or 'weights', got {self.lwp_form!r}")
-        if self.timeout_s <= 0:
+        if not (isinstance(self.timeout_s, (int, float)) and math.isfinite(self.timeout_s)
+                and self.timeout_s > 0):
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
 
 
