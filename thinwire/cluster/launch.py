@@ -288,7 +288,9 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
         raise ValueError("stats_path needs the shaped cluster (shaping=True): the accounting "
                          "reads the nodes' cgroups and namespaces")
     output = output if output is not None else sys.stdout
-    run_id = new_run_id()
+    # a run id names the system objects of a shaped run (namespaces, cgroups, state); an
+    # unshaped run only tags its log folder with one
+    run_id = new_run_id() if spec.shaping else uuid.uuid4().hex[:8]
     network = Network(spec, run_id, accounting=stats_path is not None) if spec.shaping else None
     procs: list[subprocess.Popen] = []
     threads: list[threading.Thread] = []
