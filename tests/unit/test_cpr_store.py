@@ -120,3 +120,18 @@ def test_bad_arguments(tmp_path):
         store.save("k", {}, kind="partial")
     with pytest.raises(ValueError, match="keep must be >= 1"):
         CheckpointStore(tmp_path, keep=0)
+
+
+def test_a_corrupt_middle_delta_ends_the_chain_there(tmp_path, caplog):
+    """The deltas after a corrupt one changed rows on top of it: applying them without it
+    would build a state that never existed (issue 33, item 4)."""
+    store = CheckpointStore(tmp_path, keep=3)
+    store.save("k", {"x": torch.tensor([1])}, "full")
+    for value in (11, 12, 13):
+        store.save("k", {"x": torch.tensor([value])}, "delta")
+    middle = [path for version, kind, path in store.versions("k") if version == 3][0]
+    middle.write_bytes(middle.read_bytes()[:-7])  # truncated
+    with caplog.at_level("WARNING"):
+        version, state, deltas = store.load_chain("k")
+    assert version == 1 and [int(d["x"]) for d in deltas] == [11]
+    assert "1 later delta(s) not applied" in caplog.text

@@ -116,10 +116,13 @@ class CheckpointStore:
         return removed
 
     def load_chain(self, key: str) -> tuple[int, object, list]:
-        """(version, state) of the newest readable full file and the readable deltas after it.
+        """(version, state) of the newest readable full file and the deltas after it, up to the
+        first unreadable one.
 
-        Corrupted or truncated files are skipped with a warning (the previous version is used);
-        FileNotFoundError when no full file of `key` can be read."""
+        A corrupted or truncated full file is skipped with a warning (the previous version is
+        used). A corrupted delta ends the chain there, with a warning: the deltas after it
+        changed rows on top of it, so applying them without it would build a state that never
+        existed. FileNotFoundError when no full file of `key` can be read."""
         self.remove_orphans(key)
         files = self.versions(key)
         for index in range(len(files) - 1, -1, -1):
@@ -132,11 +135,14 @@ class CheckpointStore:
                 log.warning("skipping unreadable checkpoint: %s", err)
                 continue
             deltas = []
-            for _, later_kind, later in files[index + 1:]:
+            later_files = files[index + 1:]
+            for position, (_, later_kind, later) in enumerate(later_files):
                 try:
                     deltas.append(self.read(later))
                 except (CorruptCheckpoint, OSError, RuntimeError) as err:
-                    log.warning("skipping unreadable delta: %s", err)
+                    log.warning("unreadable delta, the state stops before it (%d later delta(s) "
+                                "not applied): %s", len(later_files) - position - 1, err)
+                    break
             return version, base, deltas
         raise FileNotFoundError(f"no readable full checkpoint of {key!r} in {self.root}")
 
