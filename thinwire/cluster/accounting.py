@@ -39,6 +39,14 @@ class NodeOutOfMemory(RuntimeError):
             f"{node}: {peak}. Give the nodes more memory or make the job smaller")
 
 
+def read_host_cpu() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole host (/proc/stat's first line): every node of the
+    emulated cluster shares these cores, so their saturation is the run's, not a node's."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
 def read_net_dev(pid: int) -> dict[str, tuple[int, int]]:
     """interface -> (rx_bytes, tx_bytes) in the network namespace of process `pid`."""
     counters = {}
@@ -60,6 +68,8 @@ class NodeMonitor:
         self.series = [{"t": [], "cpu_seconds": [], "memory_bytes": [], "tx_bytes": [],
                         "rx_bytes": [], "lo_bytes": []} for _ in range(nodes)]
         self._last_net = [(0, 0, 0)] * nodes
+        self.host = {"t": [], "cpu_busy": []}  # the host's CPU busy share per interval
+        self._last_cpu: tuple[int, int] | None = None
         self._oom_base = [cgroups.oom_kills(i) if cgroups else 0 for i in range(nodes)]
         self.oom: NodeOutOfMemory | None = None
         self.oom_detected_at: float | None = None
@@ -99,8 +109,20 @@ class NodeMonitor:
                 break
         return self.oom
 
+    def _sample_host(self, t: float) -> None:
+        try:
+            busy, total = read_host_cpu()
+        except (OSError, ValueError, IndexError):
+            return
+        if self._last_cpu is not None and total > self._last_cpu[1]:
+            self.host["t"].append(round(t, 4))
+            self.host["cpu_busy"].append(
+                round((busy - self._last_cpu[0]) / (total - self._last_cpu[1]), 4))
+        self._last_cpu = (busy, total)
+
     def sample(self) -> None:
         t = time.monotonic() - self._t0
+        self._sample_host(t)
         for node in range(self.nodes):
             s = self.series[node]
             cpu = self.cgroups.cpu_seconds(node) if self.cgroups else None
@@ -137,7 +159,7 @@ class NodeMonitor:
                           "rx_bytes": s["rx_bytes"][-1] if s["rx_bytes"] else None,
                           "lo_bytes": s["lo_bytes"][-1] if s["lo_bytes"] else None,
                           "series": s})
-        return {"interval_s": self.interval_s, "nodes": nodes,
+        return {"interval_s": self.interval_s, "nodes": nodes, "host": self.host,
                 "oom": None if self.oom is None else {
                     "node": self.oom.node, "limit_bytes": self.oom.limit_bytes,
                     "peak_bytes": self.oom.peak_bytes, "kills": self.oom.kills,

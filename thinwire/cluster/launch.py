@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Callable, Iterator
 
 from thinwire.output import write_json_atomic
+from thinwire.cluster.fidelity import assess as assess_fidelity
 from thinwire.cluster.accounting import NodeMonitor
 from thinwire.cluster.cgroups import join as join_cgroups
 from thinwire.cluster.netns import LOG_DIR_PREFIX, Network, kill_namespace_processes
@@ -374,6 +375,11 @@ def _collect_stats(network: Network | None, monitors: list[NodeMonitor],
     stats = {"run_id": network.run_id, "spec": network.spec.describe(), "status": status,
              "cgroups": network.node_cgroups is not None, **monitor.report()}
     stats["link_classes"] = network.class_stats()
+    stats["fidelity"] = assess_fidelity(stats, network.spec)
+    log.info("fidelity: %s-bound (best second of each node's link: %s of its rate; host "
+             "saturated during %s of the traffic)", stats["fidelity"]["verdict"],
+             [n["link_peak_share"] for n in stats["fidelity"]["nodes"]],
+             [n["busy_share"] for n in stats["fidelity"]["nodes"]])
     return stats
 
 
