@@ -151,22 +151,28 @@ def test_hung_rank_ends_at_timeout(cluster_leaks, allreduce_script, tmp_path):
     assert status == 124
 
 
-@pytest.mark.root
-def test_sigint_stops_run_and_cleans_up(allreduce_script, tmp_path, run_leftovers,
-                                        run_ids_of_pid):
-    # The real `thinwire` main, with only the cluster commands registered.
+def _hanging_cluster_run(script, out_dir, nodes: int):
+    """`thinwire cluster run` (the real main, only the cluster commands registered) of a job
+    whose every rank hangs: (the process, its output so far) once every rank runs."""
     argv = [sys.executable, "-c", "import sys, thinwire.cli as c; "
             "c.COMMAND_MODULES = ['thinwire.cluster.cli']; sys.exit(c.main(sys.argv[1:]))",
-            "cluster", "run", "--nodes", "2", "--ranks-per-node", "1", "--timeout", "120",
-            "--", str(allreduce_script)]
-    env = dict(os.environ, OUT_DIR=str(tmp_path), HANG="1")
+            "cluster", "run", "--nodes", str(nodes), "--ranks-per-node", "1", "--timeout",
+            "120", "--", str(script)]
+    env = dict(os.environ, OUT_DIR=str(out_dir), HANG="1")
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, cwd=REPO)
     lines = []
-    for line in proc.stdout:  # wait until both ranks run
+    for line in proc.stdout:
         lines.append(line)
-        if sum("HANGING" in l for l in lines) == 2:
+        if sum("HANGING" in l for l in lines) == nodes:
             break
+    return proc, lines
+
+
+@pytest.mark.root
+def test_sigint_stops_run_and_cleans_up(allreduce_script, tmp_path, run_leftovers,
+                                        run_ids_of_pid):
+    proc, lines = _hanging_cluster_run(allreduce_script, tmp_path, 2)
     run_ids = run_ids_of_pid(proc.pid)
     assert len(run_ids) == 1 and run_leftovers(run_ids[0]), "".join(lines)
     proc.send_signal(signal.SIGINT)
@@ -186,18 +192,7 @@ def test_impatient_signals_during_the_cleanup_do_not_abandon_it(
     """A second (third) Ctrl-C, SIGTERM or SIGHUP while the run cleans up waits for the
     clean-up: it used to interrupt the teardown and leak every namespace, cgroup, the state
     file, /etc/netns and the log folder while printing "cleaned up" (issue 33, item 3)."""
-    argv = [sys.executable, "-c", "import sys, thinwire.cli as c; "
-            "c.COMMAND_MODULES = ['thinwire.cluster.cli']; sys.exit(c.main(sys.argv[1:]))",
-            "cluster", "run", "--nodes", "3", "--ranks-per-node", "1", "--timeout", "120",
-            "--", str(allreduce_script)]
-    env = dict(os.environ, OUT_DIR=str(tmp_path), HANG="1")
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=REPO)
-    lines = []
-    for line in proc.stdout:  # wait until every rank runs
-        lines.append(line)
-        if sum("HANGING" in l for l in lines) == 3:
-            break
+    proc, lines = _hanging_cluster_run(allreduce_script, tmp_path, 3)
     run_ids = run_ids_of_pid(proc.pid)
     logs = list(Path(tempfile.gettempdir()).glob(f"thinwire-cluster-logs-{run_ids[0]}-*"))
     assert len(logs) == 1

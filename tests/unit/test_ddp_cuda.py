@@ -18,14 +18,6 @@ import thinwire
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-@pytest.fixture
-def nccl_world_of_one(tmp_path):
-    dist.init_process_group("nccl", init_method=f"file://{tmp_path}/store", rank=0,
-                            world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def _model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
@@ -37,9 +29,10 @@ def _batch(step: int):
     return torch.randn(64, 256, generator=g).cuda(), torch.randint(0, 10, (64,), generator=g).cuda()
 
 
+@pytest.mark.parametrize("world_of_one", ["nccl"], indirect=True)
 @pytest.mark.parametrize("algorithm", ["allreduce", "hitopk"])
 def test_gradients_match_and_backward_never_synchronises_the_device(
-        nccl_world_of_one, algorithm, monkeypatch):
+        world_of_one, algorithm, monkeypatch):
     reference, model = _model().cuda(), _model().cuda()
     ddp = DDP(model, bucket_cap_mb=0.5)  # several buckets
     state = thinwire.ddp.register(ddp, algorithm=algorithm, density=1.0, selector="exact",
@@ -73,7 +66,8 @@ def test_phase_times_come_from_cuda_events():
     assert state.last_step["select_s"] > 0
 
 
-def test_a_nan_ends_backward_with_the_error(nccl_world_of_one):
+@pytest.mark.parametrize("world_of_one", ["nccl"], indirect=True)
+def test_a_nan_ends_backward_with_the_error(world_of_one):
     ddp = DDP(_model().cuda())
     thinwire.ddp.register(ddp, algorithm="allreduce", ranks_per_node=1)
     x, y = _batch(0)

@@ -14,14 +14,6 @@ from thinwire.local_sgd import DiLoCo
 from thinwire.topology import Topology
 
 
-@pytest.fixture
-def world_of_one(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
-                            world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
