@@ -86,7 +86,10 @@ class TorchftDiLoCoSync:
         address = _own_address()
         if rank == 0:
             from torchft.coordination import LighthouseServer
-            self._lighthouse = LighthouseServer(bind="[::]:0", min_replicas=topo.nodes)
+            # the node's own address, not every interface ("[::]" reached the host's networks
+            # when run outside the emulated cluster); torchft's Manager server and HTTP
+            # checkpoint server bind every interface themselves (their API takes no address)
+            self._lighthouse = LighthouseServer(bind=f"{address}:0", min_replicas=topo.nodes)
             port = self._lighthouse.address().rsplit(":", 1)[1]
             store.set(f"{KEY}/lighthouse", f"http://{address}:{port}")
         if local == 0:
