@@ -4,6 +4,8 @@ For user code under torchrun with two processes per device slot::
 
     from thinwire.wavelet import TickTock, Wave
     ticktock = TickTock(Wave.from_env(waves=2))    # collective, after init_process_group
+    ticktock.attach(module)   # the module DDP wraps: the wait happens inside DDP's forward,
+                              # after DDP's own collectives (waiting before them deadlocked)
     for step, (x, y) in enumerate(batches):
         with ticktock.forward(step):               # the tock's forward waits for the tick's
             loss = loss_fn(ddp_model(x), y)

@@ -129,6 +129,7 @@ class TickTock:
     world calls it: one two-rank group per device slot is created on all ranks, in order).
 
         tt = TickTock(Wave.from_env(2))
+        tt.attach(module)  # the module inside DDP (see attach)
         for step ...:
             with tt.forward(step):
                 loss = loss_fn(model(x), y)
