@@ -21,6 +21,42 @@ def _default_mode() -> int:
     return 0o666 & ~mask
 
 
+MAX_INPUT_BYTES = 64 * 2**20  # a configuration or result file far larger than any we write
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):  # 1e400 parses to inf
+        raise ValueError(f"the number {text} is out of range (not a finite float)")
+    return value
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number a setting may hold")
+
+
+def read_json(path: str | os.PathLike, what: str = "file") -> Any:
+    """A user's JSON file (a config, results, a layer table), parsed strictly: a clear
+    ValueError naming the path for a file that is too large, malformed, nested too deep, or
+    holds NaN, Infinity or a number beyond float (1e400), instead of a RecursionError,
+    an OverflowError later, or a NaN accepted as a value."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise FileNotFoundError(f"{what} {path}: {exc.strerror}") from None
+    if size > MAX_INPUT_BYTES:
+        raise ValueError(f"{what} {path}: {size} bytes, more than the {MAX_INPUT_BYTES} a "
+                         f"{what} may have")
+    try:
+        return json.loads(path.read_text(), parse_float=_finite_float,
+                          parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError(f"{what} {path}: nested too deeply to be a {what}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{what} {path}: not valid JSON ({exc})") from None
+
+
 class OutputPathError(ValueError):
     """An output file that cannot be written, named by the path the user gave."""
 

@@ -33,16 +33,22 @@ from thinwire.topk import k_for_density, validate_density
 GRAD_ELEMENT_SIZE = 4  # gradients are fp32 (DDP keeps fp32 parameters under autocast)
 
 
+# The cost model's time grows with the cluster: beyond these it is neither fast nor meaningful
+# (the largest GPU clusters have a few thousand nodes of at most a few dozen GPUs).
+MAX_NODES = 4096
+MAX_RANKS_PER_NODE = 64
+
+
 @dataclass(frozen=True)
 class Cluster:
     nodes: int
     ranks_per_node: int
 
     def __post_init__(self):
-        for name in ("nodes", "ranks_per_node"):
+        for name, most in (("nodes", MAX_NODES), ("ranks_per_node", MAX_RANKS_PER_NODE)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+                raise ValueError(f"{name} must be an integer in [1, {most}], got {value!r}")
 
     @property
     def world_size(self) -> int:

@@ -41,13 +41,12 @@ iteration time, compute time and total hook time (where measured).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
+from thinwire.output import read_json
 from thinwire.sim import powersgd
 from thinwire.sim.collectives import AlgorithmConfig, Cluster, SparseRates, names
 from thinwire.sim.compute import MODELS, TimedLayer, model, own_model, uniform
@@ -196,7 +195,7 @@ def _layers_for(merged: dict, where: str) -> tuple[str, list]:
 
 
 def _blocks(path) -> list[dict]:
-    data = json.loads(Path(path).read_text())
+    data = read_json(path, "results file")
     blocks = data.get("results", data) if isinstance(data, dict) else data
     blocks = [blocks] if isinstance(blocks, dict) else blocks
     if not isinstance(blocks, list):

@@ -15,16 +15,14 @@ from thinwire.cliargs import add_algorithm_option, integer, number, options_by_a
 from thinwire.collectives import sparse_wire_names
 from thinwire.compress import SPARSE_WIRES
 from thinwire.output import check_output_path
+from thinwire.collectives import costs
 from thinwire.sim import compute
 from thinwire.sim.collectives import AlgorithmConfig, Cluster, names as algorithm_names
 from thinwire.sim.iteration import SCALING_NODES, scaling, simulate
 from thinwire.sim.network import GBIT, NETWORKS, network
 from thinwire.sync import DEFAULT_BUCKET_BYTES
 
-# The cost model's time grows with the cluster: beyond these it is neither fast nor meaningful
-# (the largest GPU clusters have a few thousand nodes of at most a few dozen GPUs).
-MAX_NODES = 4096
-MAX_GPUS_PER_NODE = 64
+MAX_NODES, MAX_GPUS_PER_NODE = costs.MAX_NODES, costs.MAX_RANKS_PER_NODE  # Cluster's bounds
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -14,12 +14,12 @@ any ``torch.nn.Module`` - the models of thinwire's own runs - gets its table fro
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from thinwire.output import read_json
 from thinwire.sim.collectives import SparseRates
 
 
@@ -228,7 +228,7 @@ def read_layer_table(path: str | Path) -> list[TimedLayer]:
     """Measured per-layer times: a JSON list (or ``{"layers": [...]}``) of objects with
     ``params`` (gradient elements), ``forward_s`` and ``backward_s``, in forward order
     (``name`` optional; ``forward_ms``/``backward_ms`` accepted too)."""
-    data = json.loads(Path(path).read_text())
+    data = read_json(path, "layer table")
     rows = data.get("layers") if isinstance(data, dict) else data
     if not isinstance(rows, list) or not rows:
         raise ValueError(f"{path}: expected a non-empty list of layers (or {{'layers': [...]}})")
@@ -237,9 +237,15 @@ def read_layer_table(path: str | Path) -> list[TimedLayer]:
         try:
             fwd = row["forward_s"] if "forward_s" in row else row["forward_ms"] / 1e3
             bwd = row["backward_s"] if "backward_s" in row else row["backward_ms"] / 1e3
-            table.append(TimedLayer(str(row.get("name", f"layer{i}")), int(row["params"]),
-                                    float(fwd), float(bwd)))
+            layer = TimedLayer(str(row.get("name", f"layer{i}")), int(row["params"]),
+                               float(fwd), float(bwd))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"{path}: layer {i} needs params, forward_s (or forward_ms) and "
                              f"backward_s (or backward_ms); problem: {exc!r}") from None
+        if layer.params < 0 or not (0 <= layer.forward_s < math.inf
+                                    and 0 <= layer.backward_s < math.inf):
+            raise ValueError(f"{path}: layer {i} needs params >= 0 and finite times >= 0, "
+                             f"got params {layer.params}, forward {layer.forward_s} s, backward "
+                             f"{layer.backward_s} s")
+        table.append(layer)
     return table

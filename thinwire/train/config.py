@@ -13,6 +13,7 @@ from dataclasses import asdict, field, fields, make_dataclass
 
 from thinwire import collectives
 from thinwire.cliargs import add_algorithm_option, options_by_algorithm
+from thinwire.output import read_json
 from thinwire.train import models, modes, quality, settings
 
 # One declaration per setting: thinwire.train.settings (type, range, default, help, the runs
@@ -120,15 +121,13 @@ def add_config_file(parser: argparse.ArgumentParser, argv: list[str] | None) -> 
     """``--config FILE``: a JSON object of TrainConfig fields that becomes the parser's
     defaults, so options given on the command line still win (how `thinwire compare` hands a
     run its whole configuration)."""
-    import json
     import sys
 
     parser.add_argument("--config", default=None, metavar="FILE",
                         help="JSON object of training settings (command-line options win)")
     known, _ = parser.parse_known_args(argv if argv is not None else sys.argv[1:])
     if known.config:
-        with open(known.config) as handle:
-            values = json.load(handle)
+        values = read_json(known.config, "--config file")
         names = {f.name for f in fields(TrainConfig)}
         unknown = sorted(set(values) - names) if isinstance(values, dict) else []
         if not isinstance(values, dict) or unknown:
