@@ -36,6 +36,9 @@ def test_compare_end_to_end_and_resume(tmp_path, cluster_leaks, monkeypatch):
         assert run["stop_reason"] == "end" and run["quality_at_budget"] == run["test_accuracy"]
         assert run["setting"]["lr"] == 0.05 and run["setting"]["workload"] == "mnist"
         assert run["step_split_ms"]["compute"] > 0
+        if SHAPED:  # was the wire or the host the limit? (issue 31, item 6)
+            assert run["fidelity"]["verdict"] in ("link", "host", "neither"), run["fidelity"]
+            assert not list((tmp_path / "runs").glob(".*.stats.json"))
     assert set(runs["hitopk"]["step_split_ms"]) == {"compute", "selection", "intra_node",
                                                     "inter_node", "idle"}
     assert set(runs["ddp"]["step_split_ms"]) == {"compute", "sync"}

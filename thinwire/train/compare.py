@@ -340,6 +340,8 @@ def run_one(settings: CompareSettings, cfg: TrainConfig, rate: str, out: Path, b
     (out / "logs").mkdir(parents=True, exist_ok=True)
     summary, metrics = out / "runs" / f".{key}.summary.json", out / "runs" / f"{key}.jsonl"
     config = out / "runs" / f".{key}.config.json"
+    # the run's accounting, for its fidelity verdict: was the wire or the host the limit?
+    stats = out / "runs" / f".{key}.stats.json" if settings.shaping else None
     for stale in (summary, metrics):
         if stale.exists():
             stale.unlink()
@@ -363,9 +365,11 @@ def run_one(settings: CompareSettings, cfg: TrainConfig, rate: str, out: Path, b
                 _StepWatcher(bar, metrics, f"{cfg.algorithm} @ {rate}{tag}", steps):
             status = cluster_run(spec, ["-m", "thinwire.train", "--config", str(config)],
                                  timeout_s=settings.timeout_s, output=output,
-                                 stop_when=stop_when)
+                                 stop_when=stop_when,
+                                 stats_path=str(stats) if stats is not None else None)
     finally:
         config.unlink(missing_ok=True)
+    fidelity = _fidelity(stats)
     if status == 0 and summary.is_file():
         outcome = "ok"
     elif stalled:
@@ -378,6 +382,8 @@ def run_one(settings: CompareSettings, cfg: TrainConfig, rate: str, out: Path, b
         outcome = f"failed ({status})"
     result = {"algorithm": cfg.algorithm, "inter_node_bandwidth": rate, "setting": setting,
               "status": outcome}
+    if fidelity is not None:
+        result["fidelity"] = fidelity
     if result["status"] == "ok":
         result.update({k: v for k, v in json.loads(summary.read_text()).items()
                        if k not in result})
@@ -386,6 +392,19 @@ def run_one(settings: CompareSettings, cfg: TrainConfig, rate: str, out: Path, b
         result["log"] = str(out / "logs" / f"{key}.log")
     write_json(path, result)
     return result
+
+
+def _fidelity(stats: Path | None) -> dict | None:
+    """The run's fidelity verdict from its accounting file (which is removed: its time series
+    are not part of the result), or None (unshaped, or the file is missing)."""
+    if stats is None or not stats.is_file():
+        return None
+    try:
+        verdict = json.loads(stats.read_text()).get("fidelity")
+    except ValueError:
+        verdict = None
+    stats.unlink()
+    return verdict
 
 
 def _total_steps(cfg: TrainConfig, settings: CompareSettings) -> int:

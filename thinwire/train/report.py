@@ -14,7 +14,7 @@ from thinwire.train.run_groups import by_rate
 
 COLUMNS = ["algorithm", "lr", "time_to_target_s", "time_vs_ddp", "quality_at_budget",
            "samples_per_s", "speedup_vs_ddp", "iter_ms", "comm_share", "inter_node_mb_per_iter",
-           "stop_reason"]
+           "stop_reason", "bound_by"]
 
 
 def headers(setting: dict) -> dict:
@@ -24,7 +24,8 @@ def headers(setting: dict) -> dict:
             "time_vs_ddp": "time x ddp", "quality_at_budget": f"{metric} at {setting['budget_s']:g} s",
             "samples_per_s": "samples/s", "speedup_vs_ddp": "samples/s x ddp",
             "iter_ms": "step ms", "comm_share": "comm share",
-            "inter_node_mb_per_iter": "inter-node MB/step", "stop_reason": "stopped at"}
+            "inter_node_mb_per_iter": "inter-node MB/step", "stop_reason": "stopped at",
+            "bound_by": "bound by"}
 
 
 def compute_base(runs: list[dict]) -> dict | None:
@@ -59,6 +60,9 @@ def annotate(runs: list[dict]) -> list[dict]:
 
 def _cell(col: str, run: dict, setting: dict):
     value = run.get(col)
+    if col == "bound_by":  # the fidelity verdict: a "host" run measured this machine
+        verdict = (run.get("fidelity") or {}).get("verdict")
+        return {"host": "HOST", None: "-"}.get(verdict, verdict)
     if col == "lr":
         return f"{run['setting']['lr']:g}" if run.get("setting", {}).get("lr") else "-"
     if col == "time_to_target_s":
