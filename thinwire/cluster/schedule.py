@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 import time
+from abc import ABC, abstractmethod
 
 from thinwire.cluster.spec import format_rate
 
 log = logging.getLogger(__name__)
 
 
-class Schedule:
+class Schedule(ABC):
     """Events ``(seconds after the start, ...)`` in time order; a subclass applies one."""
 
     def __init__(self, events):
@@ -40,8 +41,9 @@ class Schedule:
                                  "applied_s": round(time.monotonic() - self._start, 3),
                                  **record, "unix_time": round(time.time(), 3)})
 
+    @abstractmethod
     def apply(self, planned_s: float, *what) -> dict:
-        raise NotImplementedError
+        """Make one event happen; returns what to record about it."""
 
 
 class BandwidthSchedule(Schedule):
