@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Option", "check_options"]
+__all__ = ["Option", "check_options", "unknown_option"]
 
 _TYPES = (int, float, bool, str)
 
@@ -119,6 +119,13 @@ class Option:
         return self.check(value, owner, label)
 
 
+def unknown_option(owner: str, declared: tuple[Option, ...], names: list[str]) -> ValueError:
+    """The error for settings ``owner`` does not declare, listing the ones it does."""
+    allowed = ", ".join(o.name for o in declared) or "none (it takes no options)"
+    return ValueError(f"{owner} takes no option {', '.join(map(repr, names))}; its options: "
+                      f"{allowed}")
+
+
 def check_options(owner: str, declared: tuple[Option, ...], given) -> dict:
     """``given`` (a dict of name -> value, or None) checked against ``declared``, with every
     default filled in. An unknown name is refused with the allowed ones."""
@@ -129,8 +136,6 @@ def check_options(owner: str, declared: tuple[Option, ...], given) -> dict:
     by_name = {option.name: option for option in declared}
     unknown = sorted(str(name) for name in set(given) - set(by_name))
     if unknown:
-        allowed = ", ".join(by_name) if by_name else "none (it takes no options)"
-        raise ValueError(f"{owner} takes no option {', '.join(map(repr, unknown))}; its options:"
-                         f" {allowed}")
+        raise unknown_option(owner, declared, unknown)
     return {name: option.check(given.get(name, option.default), owner)
             for name, option in by_name.items()}

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from thinwire.options import Option, check_options
+from thinwire.options import Option, check_options, unknown_option
 
 # Below this size a bucket is latency-bound: the sparse algorithms all-reduce it densely.
 DEFAULT_DENSE_BELOW_BYTES = 64 * 1024
@@ -73,9 +73,7 @@ class Algorithm:
         for option in self.options:
             if option.name == name:
                 return option
-        allowed = ", ".join(o.name for o in self.options) or "none (it takes no options)"
-        raise ValueError(f"algorithm {self.name!r} takes no option {name!r}; its options: "
-                         f"{allowed}")
+        raise unknown_option(f"algorithm {self.name!r}", self.options, [name])
 
 
 _ALGORITHMS: dict[str, Algorithm] = {}

@@ -239,13 +239,11 @@ CONCERNS = {"model": "the model, its data and the device", "sync": "gradient syn
 def refuse_inapplicable(cfg) -> None:
     """A setting given a value other than its default where the run does not use it is
     refused by name (it would be ignored without a word)."""
-    for setting in SETTINGS:
-        value = getattr(cfg, setting.name)
-        if setting.applies is not None and value != setting.default \
-                and not setting.applies(cfg):
-            raise ValueError(f"{setting.cli_flag} applies to {setting.applies_text}; this run "
-                             f"(--algorithm {cfg.algorithm}) does not use it, got "
-                             f"{setting.cli_flag} {_shown(value)}")
+    for name in inapplicable(cfg):  # the first, in declaration order
+        setting = BY_NAME[name]
+        raise ValueError(f"{setting.cli_flag} applies to {setting.applies_text}; this run "
+                         f"(--algorithm {cfg.algorithm}) does not use it, got "
+                         f"{setting.cli_flag} {_shown(getattr(cfg, name))}")
 
 
 def inapplicable(cfg) -> dict:
