@@ -11,6 +11,7 @@ import logging
 import sys
 
 from thinwire import __version__, cliargs
+from thinwire.rank_exit import failure_status
 
 
 # One module per feature area; each defines `register(subparsers)`.
@@ -52,10 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return int(args.func(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError) as exc:
-        # Bad input: one clear line, no traceback.
-        print(f"thinwire: error: {exc}", file=sys.stderr)
-        return 2
+    except Exception as exc:  # bad input or a lost peer: one clear line; a bug: its traceback
+        return failure_status(exc, "thinwire")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,10 @@ import atexit
 import logging
 import os
 import sys
+import traceback
 from typing import NoReturn
+
+from thinwire import peer_failure
 
 
 def exit_rank(status: int | None = 0) -> NoReturn:
@@ -34,3 +37,27 @@ def exit_rank(status: int | None = 0) -> NoReturn:
             except (OSError, ValueError):  # a closed pipe: nothing more can be said there
                 pass
         os._exit(code)
+
+
+def failure_status(exc: Exception, command: str) -> int:
+    """A rank's failure as the user should see it; the exit status. A lost peer is one line
+    (the rank, what it was doing, step, phase, bucket, reason; the traceback only with
+    THINWIRE_TRACEBACK=1, for a bug report), status 1. A bad value is one line, status 2.
+    Anything else is a bug: re-raised with its traceback."""
+    line = peer_failure.describe(exc, _rank())
+    if line is not None:
+        print(f"{command}: error: {line}", file=sys.stderr)
+        if os.environ.get("THINWIRE_TRACEBACK") == "1":
+            traceback.print_exception(exc)
+        return 1
+    if isinstance(exc, (ValueError, TypeError, FileNotFoundError)):
+        print(f"{command}: error: {exc}", file=sys.stderr)
+        return 2
+    raise exc
+
+
+def _rank() -> int | None:
+    try:
+        return int(os.environ["RANK"])
+    except (KeyError, ValueError):
+        return None

@@ -24,6 +24,7 @@ from thinwire.collectives.registry import DEFAULT_DENSE_BELOW_BYTES
 from thinwire.collectives.traffic import Traffic
 from thinwire.compress import TopK, sparse_wire_dtype, wire_dtype
 from thinwire.feedback import ErrorFeedback
+from thinwire.peer_failure import where_note
 
 # What a checkpoint must agree on to continue this state's residuals (see load_state_dict).
 IDENTITY = ("algorithm", "density", "selector", "momentum_correction", "error_feedback")
@@ -328,8 +329,8 @@ class SyncState:
         try:
             yield
         except Exception as exc:  # name where it failed (a timeout names the stuck phase)
-            exc.add_note(f"thinwire {self.algorithm}: failed in the {PHASES.get(what, what)} "
-                         f"phase of bucket {self._bucket} at step {self.steps}")
+            exc.add_note(where_note(self.algorithm, PHASES.get(what, what), self._bucket,
+                                    self.steps))
             raise
         finally:
             if members != 1:

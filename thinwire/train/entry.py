@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from thinwire.rank_exit import failure_status
 from thinwire.train import loop
 from thinwire.train.config import TrainConfig, add_arguments, add_config_file, from_args
 from thinwire.wavelet import loop as wave_loop
@@ -38,9 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         add_config_file(parser, argv)
         args = parser.parse_args(argv)
         train(from_args(args))
-    except (ValueError, TypeError, FileNotFoundError) as exc:
-        print(f"thinwire train: error: {exc}", file=sys.stderr)
-        return 2
+    except Exception as exc:
+        return failure_status(exc, "thinwire train")
     return 0
 
 

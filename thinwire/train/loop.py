@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from thinwire.output import check_output_path
+from thinwire.peer_failure import noting
 from thinwire.optim import LARS, param_groups, warmup_cosine, warmup_poly
 from thinwire.train import checkpoint, checkpoint_checks, data, models, modes
 from thinwire.train.config import TrainConfig
@@ -235,15 +236,18 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
 
     def save_checkpoint():
         saved_at[0] = step
-        checkpoint.save(cfg.checkpoint, rank, {
-            "identity": checkpoint.identity(cfg), "world_size": world, "model": module.state_dict(),
-            "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-            "scaler": scaler.state_dict() if scaler is not None else None,
-            "hook": sync.state_dict(), "step": step, "epoch": epoch, "position": position,
-            "metrics": metrics.state_dict(), "run": run_id})
+        with noting(rank, "saving a checkpoint", step):
+            checkpoint.save(cfg.checkpoint, rank, {
+                "identity": checkpoint.identity(cfg), "world_size": world,
+                "model": module.state_dict(), "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(),
+                "scaler": scaler.state_dict() if scaler is not None else None,
+                "hook": sync.state_dict(), "step": step, "epoch": epoch, "position": position,
+                "metrics": metrics.state_dict(), "run": run_id})
 
     def run_eval():
-        acc, loss = evaluate(cfg, module, ds, device)
+        with noting(rank, "evaluating", step):
+            acc, loss = evaluate(cfg, module, ds, device)
         metrics.record_eval(step, epoch, acc, loss)
 
     stopped = False
@@ -256,9 +260,10 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
                 metrics.start_timing(sync.totals())
             x, y = batch_on(ds, batches[position], device)
             begin = time.perf_counter()
-            loss = train_step(cfg, model, opt, sched, scaler, x, y, device)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
+            with noting(rank, "in a training step", step + 1):
+                loss = train_step(cfg, model, opt, sched, scaler, x, y, device)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
             step, position = step + 1, position + 1
             metrics.record_step(step, epoch, time.perf_counter() - begin, loss,
                                 sched.get_last_lr()[0])
@@ -273,7 +278,8 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
         if not cfg.eval_every and (epoch_done or step >= total_steps) \
                 and not metrics.stop_reason:
             run_eval()
-    sync.finish(stopped)  # DiLoCo: an exchange in flight lands before the final evaluation
+    with noting(rank, "finishing the last exchange", step):
+        sync.finish(stopped)  # DiLoCo: an exchange in flight lands before the final evaluation
     tx_end = interface_tx_bytes()
     metrics.stop_timing(sync.totals(), tx_start, tx_end)
     if cfg.eval_every and not stopped and (not metrics.curve
@@ -284,7 +290,8 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
     summary = metrics.summary(cfg, step, sum(p.numel() for p in module.parameters()),
                               stopped=stopped)
     metrics.close()
-    dist.barrier()
+    with noting(rank, "finishing", step):
+        dist.barrier()
     sync.close()  # torchft's managers and lighthouse stop while every rank is here
     return summary if rank == 0 else {}
 

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from thinwire.output import check_output_path, write_json_atomic
+from thinwire.peer_failure import noting
 from thinwire.train import data, grad_sync, loop, models
 from thinwire.train.config import TrainConfig
 from thinwire.wavelet import memory
@@ -141,19 +142,20 @@ def _train(cfg: TrainConfig, wave: Wave) -> dict:
         for index in batches[:total_steps - step]:
             if step == WARMUP_STEPS:
                 timed_from = time.time()
-            x, y = loop.batch_on(ds, index, device)
-            with ticktock.forward(step):
-                loss, _, _ = models.loss_and_correct(model, x, y)
-            backward_from = time.time()
-            loss.backward()  # DDP's hook synchronises; backward returns when it is done
-            synced = time.time()
-            computed = ticktock.backward_done_at
-            ticktock.record(step, "backward", backward_from, computed)
-            ticktock.record(step, "sync", computed, synced)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            ticktock.record(step, "update", synced, time.time())
+            with noting(rank, "in a training step", step + 1):
+                x, y = loop.batch_on(ds, index, device)
+                with ticktock.forward(step):
+                    loss, _, _ = models.loss_and_correct(model, x, y)
+                backward_from = time.time()
+                loss.backward()  # DDP's hook synchronises; backward returns when it is done
+                synced = time.time()
+                computed = ticktock.backward_done_at
+                ticktock.record(step, "backward", backward_from, computed)
+                ticktock.record(step, "sync", computed, synced)
+                opt.step()
+                sched.step()
+                opt.zero_grad(set_to_none=True)
+                ticktock.record(step, "update", synced, time.time())
             losses.append(float(loss.detach()))
             step += 1
             if rank == 0 and cfg.log_every and step % cfg.log_every == 0:
@@ -162,7 +164,8 @@ def _train(cfg: TrainConfig, wave: Wave) -> dict:
     timed_to = time.time()
     ticktock.close()
     samples = sampler.stop()
-    accuracy, test_loss = loop.evaluate(cfg, module, ds, device)
+    with noting(rank, "evaluating", step):
+        accuracy, test_loss = loop.evaluate(cfg, module, ds, device)
     record = {"rank": rank, "wave": wave.index, "node": wave.node, "slot": wave.slot,
               "events": ticktock.events, "memory": samples, "estimate": estimate,
               "sync_totals": sync.totals()}
