@@ -137,8 +137,36 @@ def store_rows(scratch: Path, details: list) -> list[dict]:
             outcome = "fell_back" if ds.l2.get(urls[0]) is None else "accepted"
         outcomes.append(outcome)
         details.append({"group": "cache", "case": damage, "outcome": outcome})
+    outcome = _replaced_cache_entry(scratch, urls)
+    outcomes.append(outcome)
+    details.append({"group": "cache", "case": "replaced, valid header, manifest",
+                    "outcome": outcome})
     rows.append(_row("disk-cache entry damaged", outcomes))
     return rows
+
+
+def _replaced_cache_entry(scratch: Path, urls: list[str]) -> str:
+    """An entry whose bytes were replaced under a header rewritten to match: only the data
+    set's manifest (checksums=) can tell; the run must get the source's bytes back."""
+    import hashlib
+    import zlib
+
+    from thinwire.data import CachedDataset, tiers
+
+    sources = [(scratch / "src" / url.rsplit("/", 1)[1]).read_bytes() for url in urls]
+    checksums = {u: hashlib.sha256(d).hexdigest() for u, d in zip(urls, sources)}
+    with CachedDataset(urls, memory_bytes=0, disk_dir=scratch / "l2-replaced",
+                       disk_bytes=10 ** 6, checksums=checksums) as ds:
+        ds[0]
+        forged = b"\x02" * len(sources[0])
+        ds.l2.path_for(urls[0]).write_bytes(
+            tiers._HEADER.pack(tiers._MAGIC, zlib.crc32(forged), len(forged),
+                               tiers._key_digest(urls[0])) + forged)
+        try:
+            served = ds[0]
+        except Exception:  # noqa: BLE001
+            return "traceback"
+        return "fell_back" if served == sources[0] and ds.stats.corrupt == 1 else "accepted"
 
 
 def _other_rows(scratch: Path, details: list) -> list[dict]:

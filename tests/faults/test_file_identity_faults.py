@@ -159,3 +159,76 @@ def test_read_only_mount(records, tmp_path, prepared):
         assert len([w for w in caught if issubclass(w.category, DiskUnwritableWarning)]) == 1
     finally:
         subprocess.run(["umount", str(mount)], check=True)
+
+
+# ---------------------------------------------------------------- a replaced entry, a manifest
+
+def _forge(ds, url: str, forged: bytes) -> None:
+    """Replace ``url``'s disk entry with ``forged`` under a header that matches it (valid magic,
+    length, CRC and key digest): what anyone who can write the cache folder can do."""
+    import zlib
+    header = tiers._HEADER.pack(tiers._MAGIC, zlib.crc32(forged), len(forged),
+                                tiers._key_digest(url))
+    ds.l2.path_for(url).write_bytes(header + forged)
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_a_replaced_entry_with_a_valid_header_is_refused_by_the_manifest(records, tmp_path,
+                                                                         caplog):
+    urls, payloads = records
+    checksums = {url: _sha256(data) for url, data in zip(urls, payloads)}
+    with CachedDataset(urls, memory_bytes=0, disk_dir=tmp_path / "l2", disk_bytes=10 ** 6,
+                       checksums=checksums) as ds:
+        assert ds[0] == payloads[0]
+        _forge(ds, urls[0], b"x" * SIZE)
+        assert ds.l2.get(urls[0]) == b"x" * SIZE  # the header alone cannot tell
+        assert ds[0] == payloads[0] and ds.stats.corrupt == 1
+        assert "does not match the manifest" in caplog.text
+        assert ds[0] == payloads[0] and ds.stats.corrupt == 1  # the entry was replaced
+
+
+def test_an_object_the_remote_store_serves_wrong_is_refused_naming_it(records, tmp_path):
+    from thinwire.data.manifest import ChecksumMismatch
+
+    urls, payloads = records
+    checksums = {url: _sha256(data) for url, data in zip(urls, payloads)}
+    checksums[urls[3]] = _sha256(b"what the publisher hashed")
+    with CachedDataset(urls, memory_bytes=0, checksums=checksums) as ds:
+        assert ds[2] == payloads[2]
+        with pytest.raises(ChecksumMismatch, match=f"{urls[3]}: SHA-256 "):
+            ds[3]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({}, "has no digest for 12 object"),
+    ({"x": "abc"}, r"checksums\['x'\] must be a SHA-256 hex digest"),
+    ([("a", "b")], "must be a mapping"),
+])
+def test_a_manifest_must_cover_every_object_in_the_right_form(records, bad, message):
+    urls, _ = records
+    with pytest.raises((ValueError, TypeError), match=message):
+        CachedDataset(urls, memory_bytes=0, checksums=bad)
+
+
+def test_data_warm_checks_a_sha256sum_file(records, tmp_path, capsys):
+    from thinwire.cli import main
+
+    urls, payloads = records
+    sums = tmp_path / "SHA256SUMS"
+    sums.write_text("".join(f"{_sha256(d)}  rec-{i:03d}.bin\n" for i, d in enumerate(payloads)))
+    pattern = f"file://{tmp_path}/store/*.bin"
+    args = ["data", "warm", pattern, "--disk-dir", str(tmp_path / "l2"), "--disk-bytes", "20K",
+            "--quiet", "--checksums", str(sums)]
+    assert main(args) == 0 and "warmed 12 of 12" in capsys.readouterr().out
+    (tmp_path / "store" / "rec-005.bin").write_bytes(b"tampered")
+    shutil.rmtree(tmp_path / "l2")
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rec-005.bin: SHA-256" in err[0] and err[0].startswith("thinwire: ")
+    sums.write_text("not a manifest\n")
+    assert main(args) == 2 and "line 1: expected '<sha256 hex>  <name>'" in \
+        capsys.readouterr().err

@@ -17,10 +17,11 @@ import os
 import threading
 from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch.utils.data
 
+from thinwire.data import manifest
 from thinwire.data.remote import Objects, RemoteStore, Shards
 from thinwire.data.stats import CacheStats
 from thinwire.data.tiers import MemoryTier, check_policy, open_disk_tier
@@ -39,6 +40,10 @@ class CachedDataset(torch.utils.data.Dataset):
         may be shared by every process of a node and is reused across restarts.
     policy: "static" (a fixed subset, never evicted) or "lru".
     decode: turns a record's bytes into the sample (default: the bytes themselves).
+    checksums: {URL: SHA-256 hex} for every object (``manifest.read_sha256sum`` reads a
+        ``sha256sum`` file): an entry from disk that does not match is discarded and fetched
+        again; an object from the remote store that does not is refused (``ChecksumMismatch``).
+        Without it the disk tier's header catches damage, not a replaced entry.
     prefetch_threads, prefetch_depth: the pool size and how many objects ahead to load.
     retries, timeout_s, backoff_s, storage_options: the remote tier (`RemoteStore`).
     """
@@ -48,7 +53,8 @@ class CachedDataset(torch.utils.data.Dataset):
                  policy: str = "static", decode: Callable[[bytes], Any] | None = None,
                  prefetch_threads: int = 8, prefetch_depth: int = 32, retries: int = 4,
                  timeout_s: float = 30.0, backoff_s: float = 0.2,
-                 storage_options: dict | None = None) -> None:
+                 storage_options: dict | None = None,
+                 checksums: Mapping[str, str] | None = None) -> None:
         check_policy(policy)
         for name, value in (("prefetch_threads", prefetch_threads),
                             ("prefetch_depth", prefetch_depth)):
@@ -63,6 +69,8 @@ class CachedDataset(torch.utils.data.Dataset):
                                   storage_options=storage_options, stats=self.stats)
         self.source = _resolve(source, self.remote)
         self._urls = self.source.urls if isinstance(self.source, Objects) else None
+        self._checksums = None if checksums is None else \
+            manifest.check(checksums, self.source.objects())
         self.policy = policy
         self.decode = decode
         self.l1 = MemoryTier(memory_bytes, policy, self.stats)
@@ -197,9 +205,26 @@ class CachedDataset(torch.utils.data.Dataset):
             return data, "l1"
         if self.l2 is not None:
             data = self.l2.get(url)
-            if data is not None:
+            if data is not None and self._matches(url, data):
                 return data, "l2"
-        return self.remote.read(url), "remote"
+        data = self.remote.read(url)
+        if self._checksums is not None:
+            manifest.verify(data, url, self._checksums)
+        return data, "remote"
+
+    def _matches(self, url: str, data: bytes) -> bool:
+        """An L2 entry's bytes against the manifest (True without one); a mismatch is
+        discarded with a warning and counted as corrupt."""
+        if self._checksums is None:
+            return True
+        try:
+            manifest.verify(data, url, self._checksums)
+        except manifest.ChecksumMismatch as exc:
+            log.warning("L2 entry for %s discarded, fetching again: %s", url, exc)
+            self.stats.add("corrupt")
+            self.l2.discard(url)
+            return False
+        return True
 
     def _admit(self, url: str, data: bytes, tier: str) -> None:
         """Offer what came from further down to the tiers above it; their policy decides."""

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
+
+from thinwire.data import manifest
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 
@@ -31,6 +34,14 @@ def read_sources(source: str) -> str | list[str]:
     return urls
 
 
+def _folder(source: str | list[str]) -> str:
+    """The URL folder a manifest's names are relative to: the glob's, or the one every
+    listed URL is in."""
+    urls = [source] if isinstance(source, str) else source
+    common = os.path.commonprefix(urls)
+    return common[:common.rfind("/") + 1]
+
+
 def _warm(args: argparse.Namespace) -> int:
     from thinwire.data.cached import CachedDataset
     from thinwire.data.remote import RemoteReadError
@@ -38,10 +49,12 @@ def _warm(args: argparse.Namespace) -> int:
 
     check_output_path(args.json, "--json")  # before the work, not after it
     source = read_sources(args.source)
+    checksums = None if args.checksums is None else \
+        manifest.read_sha256sum(args.checksums, _folder(source))
     with CachedDataset(source, memory_bytes=0, disk_dir=args.disk_dir,
                        disk_bytes=args.disk_bytes, policy=args.policy,
                        prefetch_threads=args.threads, retries=args.retries,
-                       timeout_s=args.timeout) as dataset:
+                       timeout_s=args.timeout, checksums=checksums) as dataset:
         try:
             summary = dataset.warm(threads=args.threads, progress=not args.quiet)
         except RemoteReadError as exc:
@@ -81,6 +94,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="retries of a failed remote read (with back-off)")
     warm.add_argument("--timeout", type=number(0, 86400, low_open=True), default=30.0,
                       help="seconds per remote request")
+    warm.add_argument("--checksums", metavar="FILE",
+                      help="a sha256sum file of the objects (names relative to the source's "
+                           "folder): every object is checked against it")
     warm.add_argument("--quiet", action="store_true", help="no progress bar")
     warm.add_argument("--json", metavar="PATH", help="write the summary and statistics as JSON")
     warm.add_argument("--verbose-stats", action="store_true", help="print per-tier statistics")

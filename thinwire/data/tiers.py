@@ -302,6 +302,10 @@ class DiskTier:
             return None
         return body
 
+    def discard(self, key: str) -> None:
+        """Remove ``key``'s entry (one that failed a check its header cannot make)."""
+        self._discard(self.path_for(key))
+
     def _discard(self, path: Path) -> None:
         with self._locked() as fd:
             try:
