@@ -36,7 +36,10 @@ def run_replicas(nodes: int, train_replica, *args, processes: bool = False,
         raise RuntimeError(MISSING)
     from torchft.coordination import LighthouseServer
 
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=nodes)
+    # loopback only: the replicas are this machine's threads or processes ("[::]" would
+    # listen on every network the host has)
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=nodes)
+    address = "http://127.0.0.1:" + lighthouse.address().rsplit(":", 1)[1]
     if processes:
         import multiprocessing
         pool = ProcessPoolExecutor(max_workers=nodes,
@@ -45,7 +48,7 @@ def run_replicas(nodes: int, train_replica, *args, processes: bool = False,
         pool = ThreadPoolExecutor(max_workers=nodes)
     try:
         with pool:
-            futures = [pool.submit(_replica, train_replica, i, nodes, lighthouse.address(),
+            futures = [pool.submit(_replica, train_replica, i, nodes, address,
                                    timeout_s, args) for i in range(nodes)]
             return [f.result(timeout=timeout_s) for f in futures]
     finally:

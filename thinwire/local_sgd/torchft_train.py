@@ -80,6 +80,8 @@ class TorchftDiLoCoSync:
         from torchft import Manager, ProcessGroupGloo
         from torchft.local_sgd import DiLoCo
 
+        from thinwire.ft.state_transfer import DataOnlyTransport
+
         store = dist.distributed_c10d._get_default_store()
         topo, rank = self.topology, dist.get_rank()
         node, local = rank // topo.ranks_per_node, rank % topo.ranks_per_node
@@ -87,8 +89,9 @@ class TorchftDiLoCoSync:
         if rank == 0:
             from torchft.coordination import LighthouseServer
             # the node's own address, not every interface ("[::]" reached the host's networks
-            # when run outside the emulated cluster); torchft's Manager server and HTTP
-            # checkpoint server bind every interface themselves (their API takes no address)
+            # when run outside the emulated cluster); torchft's Manager server binds every
+            # interface itself (torchft 0.2's Manager takes a port, no address). Its HTTP
+            # checkpoint server is not started: healing goes through DataOnlyTransport.
             self._lighthouse = LighthouseServer(bind=f"{address}:0", min_replicas=topo.nodes)
             port = self._lighthouse.address().rsplit(":", 1)[1]
             store.set(f"{KEY}/lighthouse", f"http://{address}:{port}")
@@ -98,8 +101,13 @@ class TorchftDiLoCoSync:
         lighthouse = store.get(f"{KEY}/lighthouse").decode()
         store_addr, store_port = store.get(f"{KEY}/store/{node}").decode().rsplit(":", 1)
         module = self.module
+        pg = ProcessGroupGloo(timeout=TIMEOUT)
+        # a healing peer's state arrives as JSON + raw tensor bytes over the replica groups'
+        # own group, capped at 3x this model (model, DiLoCo's copy of it, slack): torchft's
+        # default transport unpickles it from an HTTP server on every interface
+        transport = DataOnlyTransport(pg, TIMEOUT, own_state=module.state_dict, cap_ratio=3.0)
         self._manager = Manager(
-            pg=ProcessGroupGloo(timeout=TIMEOUT),
+            pg=pg, checkpoint_transport=transport,
             load_state_dict=lambda s: module.load_state_dict(s["model"]),
             state_dict=lambda: {"model": module.state_dict()},
             min_replica_size=topo.nodes, use_async_quorum=False, replica_id=f"node{node}",

@@ -1,0 +1,139 @@
+"""Healing from a peer without pickle (thinwire.ft.state_transfer): a state dict crosses a
+gloo process group as a JSON header and raw tensor bytes and arrives bit-identical; a lying
+header is refused before anything is allocated. Two ranks are two threads of this process,
+each with its own ProcessGroupGloo on one store (as torchft's replica groups are)."""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import json
+import pickle
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from thinwire.ft import state_transfer as st
+
+TIMEOUT = datetime.timedelta(seconds=20)
+
+
+def _state():
+    g = torch.Generator().manual_seed(0)
+    return {"user": {"model": {"w": torch.randn(3, 4, generator=g, dtype=torch.float64),
+                               "b": torch.randn(4, generator=g).to(torch.bfloat16),
+                               "mask": torch.rand(5, generator=g) > 0.5,
+                               "empty": torch.zeros(0, 3),
+                               "steps": torch.tensor(7)},
+                     "fragment": [torch.ones(2, dtype=torch.int32), {"lr": 0.1}],
+                     "pair": (1, "two"), "none": None, "nan": float("nan"), "inf": float("-inf"),
+                     "nothing": {}, "no_list": [], "no_tuple": ()},
+            "torchft": {"step": 12, "batches_committed": 48}}
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape \
+            and torch.equal(a.view(-1).view(torch.uint8) if a.numel() else a,
+                            b.view(-1).view(torch.uint8) if b.numel() else b)
+    if isinstance(a, float) and a != a:
+        return isinstance(b, float) and b != b
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    return type(a) is type(b) and a == b
+
+
+def test_the_format_round_trips_every_kind_of_leaf():
+    state = _state()
+    header, tensors = st.describe(st.flatten(state), step=12)
+    leaves = st.parse_header(header, 12, max_bytes=10 ** 6)
+    assert _same(st.rebuild(leaves, tensors), state)
+
+
+def _pair(sender, receiver):
+    store, result, errors = dist.HashStore(), {}, []
+
+    def run(rank):
+        try:
+            pg = dist.ProcessGroupGloo(store, rank, 2, TIMEOUT)
+            result[rank] = (sender if rank == 0 else receiver)(pg)
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return result, errors
+
+
+def test_a_state_crosses_a_gloo_group_bit_identical():
+    state = _state()
+    transport = lambda pg: st.DataOnlyTransport(pg, TIMEOUT, own_state=_state)  # noqa: E731
+    result, errors = _pair(
+        lambda pg: transport(pg).send_checkpoint([1], 12, state, TIMEOUT),
+        lambda pg: transport(pg).recv_checkpoint(0, "thinwire-state/1", 12, TIMEOUT))
+    assert not errors, errors
+    assert _same(result[1], state)
+
+
+def _send_raw(header: bytes):
+    def send(pg):
+        pg.send([torch.tensor([len(header)], dtype=torch.int64)], 1, 1).wait(TIMEOUT)
+        pg.send([torch.frombuffer(bytearray(header), dtype=torch.uint8)], 1, 2).wait(TIMEOUT)
+    return send
+
+
+def _header(leaves, step=12):
+    return json.dumps({"format": "thinwire-state/1", "step": step, "leaves": leaves}).encode()
+
+
+@pytest.mark.parametrize("header, message", [
+    (pickle.dumps({"step": 12}), "not JSON"),
+    (_header([], step=11), "of step 11, the quorum agreed on 12"),
+    (_header([{"path": [["d", "w"]], "kind": "tensor", "dtype": "object", "shape": [2]}]),
+     "dtype 'object'"),
+    (_header([{"path": [["d", "w"]], "kind": "tensor", "dtype": "float32", "shape": [-1]}]),
+     "shape"),
+    (_header([{"path": [["d", "w"]], "kind": "tensor", "dtype": "float32",
+               "shape": [1 << 20, 1 << 20]}]), "more than"),
+    (_header([{"path": [["d", "w"]], "kind": "value", "value": {"__reduce__": 1}}]),
+     "not accepted"),
+    (_header([{"path": [["x", "w"]], "kind": "value", "value": 1}]), "no valid path"),
+], ids=["pickle", "step", "dtype", "negative-shape", "too-large", "nested-value", "path"])
+def test_a_lying_header_is_refused_before_any_tensor_is_allocated(header, message):
+    own = lambda: {"w": torch.zeros(1000)}  # noqa: E731 - the cap: 1 MiB minimum
+    result, errors = _pair(
+        _send_raw(header),
+        lambda pg: st.DataOnlyTransport(pg, TIMEOUT, own_state=own).recv_checkpoint(
+            0, "thinwire-state/1", 12, TIMEOUT))
+    assert len(errors) == 1 and isinstance(errors[0], st.UnsafeState), errors
+    assert message in str(errors[0])
+
+
+def test_a_peer_with_another_transport_is_refused():
+    transport = st.DataOnlyTransport(None, TIMEOUT, own_state=dict)
+    with pytest.raises(st.UnsafeState, match="healing needs thinwire's"):
+        transport.recv_checkpoint(0, "http://10.0.0.2:8000/checkpoint/12", 12, TIMEOUT)
+
+
+def test_a_state_that_cannot_travel_as_data_is_refused_by_the_sender():
+    with pytest.raises(st.UnsafeState, match=r"\['opt'\] is a object"):
+        st.describe(st.flatten({"opt": object()}), 1)
+
+
+def test_the_module_never_unpickles():
+    tree = ast.parse(Path(st.__file__).read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, (ast.Import,
+                                                                          ast.ImportFrom))
+                for alias in node.names} | {node.module for node in ast.walk(tree)
+                                             if isinstance(node, ast.ImportFrom)}
+    loads = [node.func for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Attribute) and node.func.attr in ("load", "loads")]
+    assert not imported & {"pickle", "dill", "cloudpickle", "marshal"}
+    assert loads and all(isinstance(f.value, ast.Name) and f.value.id == "json" for f in loads)

@@ -1,0 +1,285 @@
+"""Healing a replica from a live peer without unpickling the peer's bytes.
+
+torchft's two checkpoint transports hand a joining replica the state of a peer that an
+unauthenticated quorum names: the HTTP one (its default) loads it with
+``torch.load(weights_only=False)`` and serves it from a server bound to every interface; the
+process-group one sends its structure with ``pickle``. Either way a peer that lies runs code
+on the replica that trusts it.
+
+:class:`DataOnlyTransport` is torchft's ``CheckpointTransport`` over the replica groups'
+own process group (no server, no extra port), and what crosses it is data only:
+
+1. the header's length (one int64), then the header: JSON describing every leaf of the
+   state dict (its place in the nesting, and for a tensor its dtype from a fixed list and
+   its shape; for a number, string, bool or None the value itself);
+2. each tensor's raw bytes, in the header's order, into a buffer of exactly the size the
+   header announced.
+
+The receiver checks the header before it allocates anything: the step is the one the quorum
+agreed, dtypes are in the list, shapes are non-negative, and the total is under a cap (by
+default 1.5 times the receiver's own state: a peer cannot make it allocate 1 TB). Tensors
+arrive on the CPU; the Manager's ``load_state_dict`` copies them into place.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+
+DTYPES = {str(t).removeprefix("torch."): t for t in (
+    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+    torch.int16, torch.int8, torch.uint8, torch.bool)}
+MAX_HEADER_BYTES = 64 << 20
+_HEADER_TAG, _LENGTH_TAG, _FIRST_TENSOR_TAG = 2, 1, 3
+
+try:  # torchft is an optional peer: the format below does not need it
+    from torchft.checkpointing.transport import CheckpointTransport
+except ImportError:  # pragma: no cover - torchft is in the project's requirements
+    CheckpointTransport = object
+
+
+class UnsafeState(ValueError):
+    """A peer's header or state does not have the form this module accepts."""
+
+
+# ------------------------------------------------------------------ the format (pure functions)
+
+def flatten(state: Any, path: tuple = ()) -> list[tuple[tuple, Any]]:
+    """(path, leaf) for every leaf of nested dicts / lists / tuples; a path step is
+    ("d", key) or ("l", index) / ("t", index)."""
+    if isinstance(state, dict):
+        out = []
+        for key, value in state.items():
+            if not isinstance(key, (str, int)) or isinstance(key, bool):
+                raise UnsafeState(f"state key {key!r} at {_show(path)} is a "
+                                  f"{type(key).__name__}: only str and int keys travel")
+            out.extend(flatten(value, path + (("d", key),)))
+        return out or [(path, {})]
+    if isinstance(state, (list, tuple)):
+        kind = "l" if isinstance(state, list) else "t"
+        out = []
+        for index, value in enumerate(state):
+            out.extend(flatten(value, path + ((kind, index),)))
+        return out or [(path, [] if kind == "l" else ())]
+    return [(path, state)]
+
+
+def describe(leaves: list[tuple[tuple, Any]], step: int) -> tuple[bytes, list[torch.Tensor]]:
+    """The header (JSON bytes) and the tensors, contiguous on the CPU, in header order."""
+    entries, tensors = [], []
+    for path, leaf in leaves:
+        entry: dict[str, Any] = {"path": [list(p) for p in path]}
+        if isinstance(leaf, torch.Tensor):
+            name = str(leaf.dtype).removeprefix("torch.")
+            if name not in DTYPES:
+                raise UnsafeState(f"tensor at {_show(path)} has dtype {leaf.dtype}, not one of "
+                                  f"{sorted(DTYPES)}")
+            entry.update(kind="tensor", dtype=name, shape=list(leaf.shape))
+            tensors.append(leaf.detach().to("cpu").contiguous())
+        elif leaf is None or isinstance(leaf, (bool, int, float, str)):
+            if isinstance(leaf, float) and not math.isfinite(leaf):
+                entry.update(kind="float", value=repr(leaf))
+            else:
+                entry.update(kind="value", value=leaf)
+        elif leaf == {} or leaf == [] or leaf == ():
+            entry.update(kind="empty", value={dict: "d", list: "l", tuple: "t"}[type(leaf)])
+        else:
+            raise UnsafeState(f"state leaf at {_show(path)} is a {type(leaf).__name__}: only "
+                              "tensors, numbers, strings, bools and None travel")
+        entries.append(entry)
+    header = json.dumps({"format": "thinwire-state/1", "step": int(step), "leaves": entries},
+                        allow_nan=False).encode()
+    return header, tensors
+
+
+def parse_header(header: bytes, step: int, max_bytes: int) -> list[dict]:
+    """The header's leaves, checked: format, step, dtypes, shapes, total size."""
+    try:
+        meta = json.loads(header.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise UnsafeState(f"peer state header is not JSON: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("format") != "thinwire-state/1":
+        raise UnsafeState("peer state header is not thinwire-state/1")
+    if meta.get("step") != step:
+        raise UnsafeState(f"peer state is of step {meta.get('step')!r}, the quorum agreed on "
+                          f"{step}")
+    leaves = meta.get("leaves")
+    if not isinstance(leaves, list):
+        raise UnsafeState("peer state header has no list of leaves")
+    total = 0
+    for entry in leaves:
+        if not isinstance(entry, dict) or not _valid_path(entry.get("path")):
+            raise UnsafeState(f"peer state leaf {str(entry)[:80]} has no valid path")
+        kind = entry.get("kind")
+        if kind == "tensor":
+            shape = entry.get("shape")
+            if entry.get("dtype") not in DTYPES or not isinstance(shape, list) or not all(
+                    isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**48
+                    for n in shape):
+                raise UnsafeState(f"peer tensor at {entry['path']}: dtype "
+                                  f"{entry.get('dtype')!r}, shape {shape!r} not accepted")
+            total += math.prod(shape) * DTYPES[entry["dtype"]].itemsize
+        elif not _valid_value(kind, entry.get("value")):
+            raise UnsafeState(f"peer state leaf of kind {kind!r} with value "
+                              f"{str(entry.get('value'))[:40]!r} not accepted")
+        if total > max_bytes:
+            raise UnsafeState(f"peer state announces more than {max_bytes} bytes of tensors "
+                              "(the cap: 1.5x this replica's own state)")
+    return leaves
+
+
+def rebuild(leaves: list[dict], tensors: list[torch.Tensor]) -> Any:
+    """The nested state from checked leaves and their received tensors."""
+    root: Any = None
+    received = iter(tensors)
+    for entry in leaves:
+        kind = entry["kind"]
+        if kind == "tensor":
+            leaf = next(received)
+        elif kind == "float":
+            leaf = float(entry["value"])
+        elif kind == "empty":
+            leaf = {"d": {}, "l": [], "t": []}[entry["value"]]
+        else:
+            leaf = entry["value"]
+        root = _place(root, entry["path"], leaf)
+    return _tuples(root, leaves)
+
+
+def _place(node: Any, path: list, leaf: Any) -> Any:
+    """``node`` with ``leaf`` put at ``path``; a leaf placed twice, a list index out of
+    order or a step that contradicts the container is refused."""
+    if not path:
+        if node is not None:
+            raise UnsafeState("peer state places two leaves at one path")
+        return leaf
+    (kind, key), rest = path[0], path[1:]
+    if node is None:
+        node = {} if kind == "d" else []
+    if isinstance(node, dict) != (kind == "d") or not isinstance(node, (dict, list)):
+        raise UnsafeState(f"peer state path step {kind!r}:{key!r} contradicts its container")
+    if kind == "d":
+        node[key] = _place(node.get(key), rest, leaf)
+    elif key == len(node):
+        node.append(_place(None, rest, leaf))
+    elif key < len(node):
+        node[key] = _place(node[key], rest, leaf)
+    else:
+        raise UnsafeState(f"peer state list index {key} out of order")
+    return node
+
+
+def _tuples(root: Any, leaves: list[dict]) -> Any:
+    """Lists the sender had as tuples become tuples again (torchft's own state has none;
+    kept for a faithful round trip)."""
+    tuple_paths = {tuple(tuple(s) for s in e["path"][:i])
+                   for e in leaves for i, step in enumerate(e["path"]) if step[0] == "t"}
+    tuple_paths |= {tuple(tuple(s) for s in e["path"]) for e in leaves
+                    if e["kind"] == "empty" and e["value"] == "t"}
+
+    def convert(node, path):
+        if isinstance(node, dict):
+            return {k: convert(v, path + (("d", k),)) for k, v in node.items()}
+        if isinstance(node, list):
+            kind = "t" if path in tuple_paths else "l"
+            items = [convert(v, path + ((kind, i),)) for i, v in enumerate(node)]
+            return tuple(items) if kind == "t" else items
+        return node
+    return convert(root, ())
+
+
+def _valid_value(kind, value) -> bool:
+    if kind == "value":
+        return value is None or isinstance(value, (bool, int, float, str))
+    if kind == "float":
+        return value in ("nan", "inf", "-inf")
+    return kind == "empty" and value in ("d", "l", "t")
+
+
+def _valid_path(path) -> bool:
+    return isinstance(path, list) and len(path) < 64 and all(
+        isinstance(s, list) and len(s) == 2 and (
+            (s[0] == "d" and isinstance(s[1], (str, int)) and not isinstance(s[1], bool)) or
+            (s[0] in ("l", "t") and isinstance(s[1], int) and not isinstance(s[1], bool)
+             and 0 <= s[1] < 2**31)) for s in path)
+
+
+def _show(path: tuple) -> str:
+    return "".join(f"[{key!r}]" for _, key in path) or "the root"
+
+
+def state_bytes(state: Any) -> int:
+    """Bytes of the tensors in ``state`` (the receiver's cap is measured on its own)."""
+    return sum(leaf.numel() * leaf.element_size() for _, leaf in flatten(state)
+               if isinstance(leaf, torch.Tensor))
+
+
+# ------------------------------------------------------------------ torchft's transport
+
+class DataOnlyTransport(CheckpointTransport):
+    """torchft ``CheckpointTransport`` that sends a state dict as a JSON header and raw tensor
+    bytes over ``pg`` (the Manager's cross-replica process group): no pickle, no server.
+
+    own_state: returns this replica's current state dict; its size sets the cap on what a
+    peer may announce (``cap_ratio`` times it, at least ``min_cap_bytes``)."""
+
+    def __init__(self, pg, timeout: timedelta, own_state: Callable[[], Any], *,
+                 cap_ratio: float = 1.5, min_cap_bytes: int = 1 << 20) -> None:
+        self._pg, self._timeout, self._own_state = pg, timeout, own_state
+        self._cap_ratio, self._min_cap = cap_ratio, min_cap_bytes
+
+    def metadata(self) -> str:
+        return "thinwire-state/1"
+
+    def disallow_checkpoint(self) -> None:
+        """Sending is synchronous: nothing of the state is read after send_checkpoint."""
+
+    def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any,
+                        timeout: timedelta) -> None:
+        header, tensors = describe(flatten(state_dict), step)
+        buffers = [torch.tensor([len(header)], dtype=torch.int64),
+                   torch.frombuffer(bytearray(header), dtype=torch.uint8)]
+        works = []
+        for dst in dst_ranks:
+            works.append(self._pg.send([buffers[0]], dst, tag=_LENGTH_TAG))
+            works.append(self._pg.send([buffers[1]], dst, tag=_HEADER_TAG))
+            for i, tensor in enumerate(tensors):
+                works.append(self._pg.send([_as_bytes(tensor)], dst, tag=_FIRST_TENSOR_TAG + i))
+        for work in works:
+            work.wait(timeout)
+
+    def recv_checkpoint(self, src_rank: int, metadata: str, step: int,
+                        timeout: timedelta) -> Any:
+        if metadata != self.metadata():
+            raise UnsafeState(f"peer's checkpoint transport is {metadata!r}, not "
+                              f"{self.metadata()!r}: healing needs thinwire's on every replica")
+        length = torch.zeros(1, dtype=torch.int64)
+        self._pg.recv([length], src_rank, tag=_LENGTH_TAG).wait(timeout)
+        size = int(length[0])
+        if not 0 < size <= MAX_HEADER_BYTES:
+            raise UnsafeState(f"peer state header of {size} bytes (at most {MAX_HEADER_BYTES})")
+        header = torch.empty(size, dtype=torch.uint8)
+        self._pg.recv([header], src_rank, tag=_HEADER_TAG).wait(timeout)
+        cap = max(int(self._cap_ratio * state_bytes(self._own_state())), self._min_cap)
+        leaves = parse_header(header.numpy().tobytes(), step, cap)
+        tensors = []
+        for i, entry in enumerate(e for e in leaves if e["kind"] == "tensor"):
+            tensor = torch.empty(entry["shape"], dtype=DTYPES[entry["dtype"]])
+            self._pg.recv([_as_bytes(tensor)], src_rank, tag=_FIRST_TENSOR_TAG + i) \
+                .wait(timeout)
+            tensors.append(tensor)
+        return rebuild(leaves, tensors)
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Nothing runs in the background."""
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's storage as uint8 (a view: receiving into it fills the tensor). A
+    zero-element tensor still sends one byte so the message pairs up."""
+    flat = tensor.reshape(-1)
+    return flat.view(torch.uint8) if flat.numel() else torch.zeros(1, dtype=torch.uint8)
