@@ -82,7 +82,11 @@ def _reason(exc: BaseException) -> str:
     links = list(_chain(exc))
     text = str(links[-1]).strip().splitlines()[0] if str(links[-1]).strip() else \
         type(links[-1]).__name__
-    text = _WRAPPER.sub("", _SOURCE.sub("", _WRAPPER.sub("", text)))
+    while True:  # DDP wraps once per callback level: "Got the following error ... Got ..."
+        stripped = _WRAPPER.sub("", _SOURCE.sub("", text), count=1)
+        if stripped == text:
+            break
+        text = stripped
     text = text.split(". This is typically")[0].split(" This may indicate")[0]
     return text.rstrip(". ")[:160]
 

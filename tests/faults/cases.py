@@ -87,6 +87,44 @@ def cli_cases() -> list[CliCase]:
         CliCase("data warm --json unwritable",
                 ["data", "warm", "file://{tmp}/src/*.bin", "--disk-dir", "{tmp}/l2",
                  "--disk-bytes", "1000", "--quiet", "--json", "{tmp}/afile/w.json"], "--json"),
+    ] + issue33_cli_cases()
+
+
+def issue33_cli_cases() -> list[CliCase]:
+    """Issue 33, item 5: values that were refused late (inside launched ranks), ignored, or
+    trained to NaN; each must now be refused before anything launches."""
+    return [
+        CliCase("pipeline train --lr nan", ["pipeline", "train", "--lr", "nan"], "--lr"),
+        CliCase("bench dlcp --density 2", ["bench", "dlcp", "--density", "2"], "--density"),
+        CliCase("bench diloco --sync-every 0", ["bench", "diloco", "--sync-every", "0"],
+                "--sync-every"),
+        CliCase("train --outer-lr 1e30", ["train", "--algorithm", "diloco", "--sync-every", "4",
+                                          "--outer-lr", "1e30"], "--outer-lr"),
+        CliCase("train --sync-every with hitopk",
+                ["train", "--algorithm", "hitopk", "--sync-every", "4"], "--sync-every"),
+        CliCase("train --outer-bits with a dense outer step",
+                ["train", "--algorithm", "diloco", "--sync-every", "4", "--outer-algorithm",
+                 "hier_allreduce", "--outer-bits", "3"], "--outer-bits"),
+        CliCase("train --wave-turn without --waves 2", ["train", "--wave-turn", "forward"],
+                "--wave-turn"),
+        CliCase("train --collective-timeout 0", ["train", "--collective-timeout", "0"],
+                "--collective-timeout"),
+        CliCase('train --config {"momentum_correction": "false"}',
+                ["train", "--config", "{tmp}/bool.json"], "--momentum-correction"),
+        CliCase("train --config nested 10000 deep", ["train", "--config", "{tmp}/nested.json"],
+                "--config"),
+        CliCase("train --config 1e400", ["train", "--config", "{tmp}/huge.json"], "--config"),
+        CliCase("simulate --model NaN layer times", ["simulate", "--model", "{tmp}/nan_layers.json",
+                                                     "--no-plot"], "layer table"),
+        CliCase("cluster run --node-memory 1e30g",
+                ["cluster", "run", "--nodes", "2", "--node-memory", "1e30g", "--", "-c", "pass"],
+                "--node-memory"),
+        CliCase("cluster run --fail a node that does not exist",
+                ["cluster", "run", "--nodes", "2", "--fail", "node5@10s", "--", "-c", "pass"],
+                "--fail"),
+        CliCase("cluster run --bandwidth-schedule unsorted",
+                ["cluster", "run", "--nodes", "2", "--bandwidth-schedule",
+                 "0s:200mbit,40s:25mbit,20s:200mbit", "--", "-c", "pass"], "--bandwidth-schedule"),
     ]
 
 
@@ -147,6 +185,11 @@ def prepare(tmp: Path) -> Path:
     (tmp / "src").mkdir(exist_ok=True)
     for i in range(3):
         (tmp / "src" / f"{'abc'[i]}.bin").write_bytes(bytes(100))
+    (tmp / "bool.json").write_text('{"momentum_correction": "false"}')
+    (tmp / "nested.json").write_text("[" * 10000 + "]" * 10000)
+    (tmp / "huge.json").write_text('{"lr": 1e400}')
+    (tmp / "nan_layers.json").write_text(
+        '[{"params": 1000, "forward_s": NaN, "backward_s": 0.001}]')
     return tmp
 
 

@@ -146,7 +146,7 @@ def _cli(monkeypatch, argv):
 
 @pytest.mark.parametrize("argv, expected", [
     (["--nodes", "0", "--", "x.py"], "nodes must be an integer between 1 and 250, got 0"),
-    (["--inter-node-bandwidth", "fast", "--", "x.py"], "inter_node_bandwidth must be a number"),
+    (["--inter-node-bandwidth", "fast", "--", "x.py"], "--inter-node-bandwidth must be a number"),
     (["--inter-node-bandwidth", "3furlongs", "--", "x.py"], "unknown unit 'furlongs'"),
     ([], "missing SCRIPT"),
     (["--", "missing_script.py"], "script 'missing_script.py' not found"),

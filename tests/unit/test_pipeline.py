@@ -217,7 +217,7 @@ def test_cli_refuses_bad_input_with_one_line(capsys):
     from thinwire.cli import main
 
     assert main(["pipeline", "train", "--micro-batch", "0"]) == 2
-    assert "micro_batch must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert "--micro-batch must be an integer >= 1, got 0" in capsys.readouterr().err
     assert main(["pipeline", "train", "--stages", "4", "--cuts", "1,9,10"]) == 2
     assert "cut point 9 out of range" in capsys.readouterr().err
     assert main(["pipeline", "train", "--stages", "4", "--nodes", "3"]) == 2

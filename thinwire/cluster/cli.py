@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 
+from thinwire.cliargs import checked_as_flags
 from thinwire.cluster.accounting import NodeOutOfMemory
 from thinwire.cluster.cgroups import CgroupsUnavailable
 from thinwire.cluster.launch import EXIT_OOM
@@ -89,12 +91,16 @@ def resource_kwargs(args: argparse.Namespace) -> dict:
 
 
 def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
-    return ClusterSpec(nodes=args.nodes, ranks_per_node=args.ranks_per_node,
-                       inter_node_bandwidth=None if args.inter_node_bandwidth == "none"
-                       else args.inter_node_bandwidth,
-                       inter_node_latency=args.inter_node_latency,
-                       intra_node_bandwidth=args.intra_node_bandwidth, loss=args.loss,
-                       shaping=not args.no_shaping, **resource_kwargs(args))
+    """The cluster the options describe; a bad value is refused naming its option."""
+    return checked_as_flags(
+        lambda: ClusterSpec(nodes=args.nodes, ranks_per_node=args.ranks_per_node,
+                            inter_node_bandwidth=None if args.inter_node_bandwidth == "none"
+                            else args.inter_node_bandwidth,
+                            inter_node_latency=args.inter_node_latency,
+                            intra_node_bandwidth=args.intra_node_bandwidth, loss=args.loss,
+                            shaping=not args.no_shaping, **resource_kwargs(args)),
+        [f.name for f in dataclasses.fields(ClusterSpec)],
+        {"failure_schedule": "--fail", "shaping": "--no-shaping"})
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -44,8 +44,9 @@ class Exchange:
         try:
             self._result = [self._state.reduce(i, flat)
                             for i, flat in zip(self._indices, self._flats)]
-        except BaseException as exc:  # re-raised on the caller's thread by wait()
-            log.exception("outer exchange failed: %s", exc)
+        except BaseException as exc:  # re-raised on the caller's thread by wait(), which
+            # reports it once (a lost peer in one line): here only for a debug log
+            log.debug("outer exchange failed", exc_info=True)
             self._error = exc
 
     def wait(self) -> list[torch.Tensor]:

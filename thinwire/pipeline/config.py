@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from thinwire.cliargs import checked_as_flags
 from thinwire.pipeline import schedules, split
 
 DATASETS = ("digits", "mnist5k")
@@ -176,8 +177,9 @@ def from_args(args: argparse.Namespace) -> PipelineConfig:
         train_samples=args.train_samples, lr=args.lr, momentum=args.momentum, sc=args.sc,
         lwp=args.lwp, lwp_form=args.lwp_form, seed=args.seed, dtype=args.dtype, out=args.out,
         timeout_s=args.timeout)
-    cfg.validate()
-    return cfg
+    return checked_as_flags(lambda: cfg.validate() or cfg,
+                            [f.name for f in dataclasses.fields(PipelineConfig)],
+                            {"timeout_s": "--timeout", "sc": "--sc", "lwp": "--lwp"})
 
 
 def to_argv(cfg: PipelineConfig) -> list[str]:

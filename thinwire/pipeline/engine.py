@@ -16,6 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from thinwire.peer_failure import noting
 from thinwire.pipeline import schedules, ticktock_engine
 from thinwire.pipeline.config import DTYPES, PipelineConfig, Stream, build_stages, optimizer_args
 from thinwire.pipeline.stage import StageWorker
@@ -23,6 +24,7 @@ from thinwire.pipeline.stage_io import (TAG_ACTIVATION, TAG_GRADIENT, Sender,
                                         activation_shapes, evaluate, init, warm_up)
 
 log = logging.getLogger(__name__)
+DOING = {"F": "in a forward", "B": "in a backward", "U": "in an update"}  # per op kind
 
 
 def train_stage(cfg: PipelineConfig, ds) -> dict:
@@ -48,39 +50,43 @@ def train_stage(cfg: PipelineConfig, ds) -> dict:
     dist.barrier()
     t_start, cpu_start = time.time(), time.process_time()
     for kind, i in ops:
-        if kind == "F":
-            if s == 0:
-                x = ds.train_x[stream.indices(i)].to(dtype)
-            else:
-                x = torch.empty(shapes[s], dtype=dtype)
-                dist.recv(x, s - 1, tag=TAG_ACTIVATION)
-            y = ds.train_y[stream.indices(i)] if s == S - 1 else None
-            tb = time.time()
-            out = worker.forward(i, x, y)
-            events.append(("F", i, tb, time.time()))
-            if s < S - 1:
-                sender.send(out, s + 1, TAG_ACTIVATION)
-        elif kind == "B":
-            if s == S - 1:
+        with noting(s, DOING[kind], i + 1):  # a lost peer: which stage, micro-batch, op
+            if kind == "F":
+                if s == 0:
+                    x = ds.train_x[stream.indices(i)].to(dtype)
+                else:
+                    x = torch.empty(shapes[s], dtype=dtype)
+                    dist.recv(x, s - 1, tag=TAG_ACTIVATION)
+                y = ds.train_y[stream.indices(i)] if s == S - 1 else None
                 tb = time.time()
-                g = worker.backward(i)
+                out = worker.forward(i, x, y)
+                events.append(("F", i, tb, time.time()))
+                if s < S - 1:
+                    sender.send(out, s + 1, TAG_ACTIVATION)
+            elif kind == "B":
+                if s == S - 1:
+                    tb = time.time()
+                    g = worker.backward(i)
+                else:
+                    grad = torch.empty(shapes[s + 1], dtype=dtype)
+                    dist.recv(grad, s + 1, tag=TAG_GRADIENT)
+                    tb = time.time()
+                    g = worker.backward(i, grad)
+                events.append(("B", i, tb, time.time()))
+                if s > 0:
+                    sender.send(g, s - 1, TAG_GRADIENT)
             else:
-                grad = torch.empty(shapes[s + 1], dtype=dtype)
-                dist.recv(grad, s + 1, tag=TAG_GRADIENT)
                 tb = time.time()
-                g = worker.backward(i, grad)
-            events.append(("B", i, tb, time.time()))
-            if s > 0:
-                sender.send(g, s - 1, TAG_GRADIENT)
-        else:
-            tb = time.time()
-            worker.update()
-            events.append(("U", i, tb, time.time()))
-    sender.wait_all()
+                worker.update()
+                events.append(("U", i, tb, time.time()))
+    with noting(s, "finishing its sends", stream.total):
+        sender.wait_all()
     t_end, cpu_s = time.time(), time.process_time() - cpu_start
     log.info("stage %d: %d operations in %.2f s", s, len(ops), t_end - t_start)
 
-    accuracy = evaluate(worker, s, S, ds.test_x.to(dtype), ds.test_y, tuple(shapes[s][1:]))
+    with noting(s, "evaluating", stream.total):
+        accuracy = evaluate(worker, s, S, ds.test_x.to(dtype), ds.test_y,
+                            tuple(shapes[s][1:]))
     busy = sum(e[3] - e[2] for e in events)
     return {
         "stage": s, "delay": worker.opt.delay, "t_start": t_start, "t_end": t_end,

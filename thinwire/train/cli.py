@@ -6,15 +6,28 @@ import argparse
 
 from thinwire.train import compare as compare_mod
 from thinwire.cluster.cli import add_resource_options, resource_kwargs
-from thinwire.train.config import add_arguments, algorithm_options, from_args
+from thinwire.train.config import add_arguments, add_config_file, algorithm_options, from_args
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from thinwire.train.entry import enable_stack_dumps, train
 
+    if args.config:  # the file's settings under the command line's: parse the options again
+        args = _with_config(args.argv)
     enable_stack_dumps()  # `kill -USR1 PID` shows a rank's threads
     train(from_args(args))
     return 0
+
+
+def _with_config(argv: list[str]) -> argparse.Namespace:
+    """``thinwire train``'s options with a ``--config`` file as their defaults (what
+    ``python -m thinwire.train`` does; the subcommand's parser cannot, as the top-level
+    parser has parsed the command line before the file is known)."""
+    own = argv[argv.index("train") + 1:]
+    parser = argparse.ArgumentParser(prog="thinwire train")
+    add_arguments(parser)
+    add_config_file(parser, own)
+    return parser.parse_args(own)
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -52,6 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "torchrun or `thinwire cluster run -- -m thinwire.train ...` for several "
                     "ranks; alone it is a world of one.")
     add_arguments(p)
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="JSON object of training settings (command-line options win)")
     p.set_defaults(func=_cmd_train)
 
     from thinwire.train import workloads
