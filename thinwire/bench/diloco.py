@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from thinwire.bench.report import format_table, run_cluster_worker, save_if_asked
+from thinwire.bench.report import (add_collective_timeout, format_table,
+                                   run_cluster_worker, save_if_asked)
 from thinwire.cliargs import integer, number
 
 SPARSE_OPTIONS = ("sparse_density", "chunk", "bits", "ef_decay", "sparse_outer_lr",
@@ -29,6 +30,7 @@ def _time_to(curve: list[dict], target: float) -> float | None:
 def run(spec, configs, steps: int, batch: int, density: float, eval_every: int,
         target_bits: float | None, model: str = "transformer", lr: float = 3e-3,
         outer_density: float | None = None, timeout_s: float = 3600,
+        collective_timeout_s: float = 300.0,
         sparse: dict | None = None) -> dict:
     from thinwire.bench.diloco_worker import check_config_name
 
@@ -42,7 +44,8 @@ def run(spec, configs, steps: int, batch: int, density: float, eval_every: int,
     for key, value in (sparse or {}).items():  # the diloco-sparseloco-H settings
         args += [f"--{key.replace('_', '-')}", str(value)]
     args += ["--configs", *configs]
-    result = run_cluster_worker(spec, "thinwire.bench.diloco_worker", args, timeout_s)
+    result = run_cluster_worker(spec, "thinwire.bench.diloco_worker", args, timeout_s,
+        collective_timeout_s)
     rows = {row["config"]: row for row in result["rows"]}
     # default target: what per-step hitopk reaches at the end (else the worst final value)
     target = target_bits if target_bits is not None else \
@@ -111,7 +114,8 @@ def _main(args: argparse.Namespace) -> int:
                                    + [f"diloco-hitopk-{h}" for h in args.sync_every])
         result = run(spec, configs, args.steps, args.batch, args.density, args.eval_every,
                      args.target_bits, args.model, args.lr, args.outer_density,
-                     sparse={k: getattr(args, k) for k in SPARSE_OPTIONS})
+                     sparse={k: getattr(args, k) for k in SPARSE_OPTIONS},
+                     collective_timeout_s=args.collective_timeout)
         print(format_table(result["rows"], COLUMNS))
     if args.torchft or args.torchft_only:
         result["torchft"] = torchft_outer_steps(repeats=args.repeats)
@@ -169,4 +173,5 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--repeats", type=integer(1), default=3,
                         help="torchft timing: repetitions (the median is reported)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
+    add_collective_timeout(parser)
     parser.set_defaults(func=_main)

@@ -26,7 +26,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import thinwire
-from thinwire.bench.report import write_json_atomic
+from thinwire.bench.report import (add_collective_timeout, end_worker, init_worker_group,
+                                   write_json_atomic)
 from thinwire.local_sgd import DiLoCo, node_group
 from thinwire.topology import Topology
 from thinwire.train import data as data_sets
@@ -151,9 +152,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sparse-outer-momentum", type=float, default=0.0)
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--eval-blocks", type=int, default=256)
+    add_collective_timeout(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    init_worker_group(args.collective_timeout)
     try:
         topo = Topology.build()
         intra = node_group(topo)
@@ -172,7 +174,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from thinwire.rank_exit import exit_rank
-
-    main()
-    exit_rank()
+    end_worker(main, "thinwire bench diloco")

@@ -12,7 +12,8 @@ the link rate, and dlcp's counters; the ratios come from the same run.
 from __future__ import annotations
 
 
-from thinwire.bench.report import format_table, run_cluster_worker, save_if_asked
+from thinwire.bench.report import (add_collective_timeout, format_table,
+                                   run_cluster_worker, save_if_asked)
 from thinwire.cliargs import integer, number
 from thinwire.cluster.cli import add_resource_options, resource_kwargs
 from thinwire.collectives.dlcp import ALGORITHM as DLCP
@@ -24,7 +25,8 @@ BASELINE = "topk_allgather"
 
 
 def run(spec, size: int, density: float, steps: int, epsilon: float, bulk: bool,
-        bulk_port: int = 45000, timeout_s: float = 1800, variants: tuple = ()) -> dict:
+        bulk_port: int = 45000, timeout_s: float = 1800, collective_timeout_s: float = 300.0,
+        variants: tuple = ()) -> dict:
     """``variants``: more dlcp rows in the same run, each 'KEY=VALUE,...' of dlcp's options."""
     from thinwire.bench.dlcp_worker import variant
 
@@ -35,7 +37,8 @@ def run(spec, size: int, density: float, steps: int, epsilon: float, bulk: bool,
         spec, "thinwire.bench.dlcp_worker",
         ["--size", str(size), "--density", str(density), "--steps", str(steps),
          "--epsilon", str(epsilon), "--algorithms", *names, BASELINE,
-         "--bulk-port", str(bulk_port if bulk else 0)], timeout_s)
+         "--bulk-port", str(bulk_port if bulk else 0)], timeout_s,
+        collective_timeout_s)
     by_name = {row["algorithm"]: row for row in result["rows"]}
     for row in result["rows"]:
         row["p99_vs_gloo"] = row["p99_s"] / by_name[BASELINE]["p99_s"]
@@ -59,7 +62,8 @@ def _main(args) -> int:
                        inter_node_bandwidth=args.inter_node_bandwidth if shaped else None,
                        loss=args.loss if shaped else None, shaping=shaped, **resources)
     result = run(spec, args.size, args.density, args.steps, args.epsilon, not args.no_bulk,
-                 variants=tuple(args.dlcp_variant or ()))
+                 variants=tuple(args.dlcp_variant or ()),
+                 collective_timeout_s=args.collective_timeout)
     print(format_table(result["rows"], COLUMNS))
     save_if_asked(args.json, result)
     return 0
@@ -89,4 +93,5 @@ def register(bench_subparsers) -> None:
                              "e.g. pacing=sleep,datagram_bytes=1472 (default: none)")
     parser.add_argument("--json", metavar="PATH", default=None, help="write the result here")
     add_resource_options(parser)
+    add_collective_timeout(parser)
     parser.set_defaults(func=_main, link_classes=3)

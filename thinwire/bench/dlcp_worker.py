@@ -20,7 +20,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from thinwire.bench.report import write_json_atomic
+from thinwire.bench.report import (add_collective_timeout, end_worker, init_worker_group,
+                                   write_json_atomic)
 from thinwire.collectives import dlcp
 from thinwire.state import SyncState
 from thinwire.topology import Topology
@@ -100,10 +101,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--algorithms", nargs="+", required=True)
     parser.add_argument("--epsilon", type=float, required=True)
     parser.add_argument("--bulk-port", type=int, default=0)
+    add_collective_timeout(parser)
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    init_worker_group(args.collective_timeout)
     topology = Topology.build()
     rank = topology.rank
     classes = int(os.environ.get("THINWIRE_LINK_CLASSES", "0"))
@@ -165,7 +167,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from thinwire.rank_exit import exit_rank
-
-    main()
-    exit_rank()
+    end_worker(main, "thinwire bench dlcp")

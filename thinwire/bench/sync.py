@@ -12,7 +12,8 @@ import argparse
 import json
 
 from thinwire import collectives, topk
-from thinwire.bench.report import format_table, run_cluster_worker, save_if_asked
+from thinwire.bench.report import (add_collective_timeout, format_table,
+                                   run_cluster_worker, save_if_asked)
 from thinwire.cliargs import add_algorithm_option, integer, number, options_by_algorithm
 from thinwire.cluster.cli import add_resource_options, resource_kwargs
 
@@ -22,7 +23,8 @@ COLUMNS = ("algorithm", "nonfinite", "median_s", "vs_allreduce", "vs_topk_allgat
 
 def run(spec, size: int = 25_600_000, bucket_mb: float = 25.0, density: float = 0.01,
         selector: str = "mstopk", algorithms=None, repeats: int = 5,
-        timeout_s: float = 1800, algorithm_options: dict | None = None,
+        timeout_s: float = 1800, collective_timeout_s: float = 300.0,
+        algorithm_options: dict | None = None,
         nonfinite: tuple = ("raise",)) -> dict:
     """``algorithm_options``: {algorithm: {name: value}}, each algorithm's declared settings
     (checked here, before the cluster is built; an algorithm not timed is refused).
@@ -47,7 +49,8 @@ def run(spec, size: int = 25_600_000, bucket_mb: float = 25.0, density: float = 
         ["--size", str(size), "--bucket-mb", str(bucket_mb), "--density", str(density),
          "--selector", selector, "--repeats", str(repeats), "--algorithms", *algorithms,
          "--algorithm-options", json.dumps(algorithm_options), "--nonfinite", *nonfinite],
-        timeout_s)
+        timeout_s,
+        collective_timeout_s)
     by_name = {(row["algorithm"], row["nonfinite"]): row for row in result["rows"]}
     for row in result["rows"]:
         row["inter_mb"] = row["bytes_inter"] / 1e6
@@ -79,7 +82,7 @@ def _main(args: argparse.Namespace) -> int:
                  args.repeats,
                  algorithm_options=options_by_algorithm(args.algorithm_option or [],
                                                         args.algorithms),
-                 nonfinite=args.nonfinite)
+                 nonfinite=args.nonfinite, collective_timeout_s=args.collective_timeout)
     columns = COLUMNS + (("vs_skip",) if len(args.nonfinite) > 1 else ())
     print(format_table(result["rows"], columns))
     save_if_asked(args.json, result)
@@ -113,4 +116,5 @@ def register(bench_subparsers) -> None:
                              "step) and/or skip (one per bucket, before sending it)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     add_resource_options(parser)
+    add_collective_timeout(parser)
     parser.set_defaults(func=_main)

@@ -15,7 +15,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from thinwire.bench.report import write_json_atomic
+from thinwire.bench.report import (add_collective_timeout, end_worker, init_worker_group,
+                                   write_json_atomic)
 from thinwire.state import SyncState
 from thinwire.topology import Topology
 
@@ -49,10 +50,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nonfinite", nargs="+", default=["raise"])
     parser.add_argument("--algorithm-options", type=json.loads, default={},
                         help="JSON {algorithm: {name: value}} (checked by bench sync)")
+    add_collective_timeout(parser)
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)  # several ranks share this machine's cores
-    dist.init_process_group("gloo")
+    init_worker_group(args.collective_timeout)
     topology = Topology.build()
     generator = torch.Generator().manual_seed(1234 + topology.rank)
     gradient = torch.randn(args.size, generator=generator)
@@ -91,7 +93,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from thinwire.rank_exit import exit_rank
-
-    main()
-    exit_rank()
+    end_worker(main, "thinwire bench sync")
