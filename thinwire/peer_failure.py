@@ -30,6 +30,7 @@ _LOST_PEER = re.compile(
     r"connection (reset|closed|refused)|broken pipe|timed out|timeout|socket closed|"
     r"no route to host|network is unreachable|pair closure|peer.*(gone|closed|died)|"
     r"end of file|\bEOF\b", re.IGNORECASE)
+_GRPC_STATUS = re.compile(r'status: (?P<status>\w+), message: "(?P<message>[^"]*)"')
 _SOURCE = re.compile(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*")
 _WRAPPER = re.compile(r"^(Got the following error when running the callback: )?"
                       r"((Runtime|Timeout|Value|Connection\w*|OS|Dist\w*)Error: )?")
@@ -88,6 +89,9 @@ def _reason(exc: BaseException) -> str:
             break
         text = stripped
     text = text.split(". This is typically")[0].split(" This may indicate")[0]
+    grpc = _GRPC_STATUS.search(text)  # torchft's lighthouse/manager: a gRPC status dump
+    if grpc:
+        text = f"torchft: {grpc['message']} ({grpc['status']})"
     return text.rstrip(". ")[:160]
 
 

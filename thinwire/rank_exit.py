@@ -16,6 +16,7 @@ import atexit
 import logging
 import os
 import sys
+import threading
 import traceback
 from typing import NoReturn
 
@@ -27,15 +28,44 @@ def exit_rank(status: int | None = 0) -> NoReturn:
     interpreter's teardown. Only for a process whose work is done: a rank entry's last
     line, never library code that a user's process calls."""
     code = 0 if status is None else int(status)
+    watchdog = threading.Timer(_handlers_limit_s(), _give_up, args=(code,))
+    watchdog.daemon = True
+    watchdog.start()
     try:
         atexit._run_exitfuncs()  # CPython's own: runs and reports the registered handlers
     finally:
+        watchdog.cancel()
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except (OSError, ValueError):  # a closed pipe: nothing more can be said there
                 pass
+        os._exit(code)
+
+
+EXIT_HANDLERS_LIMIT_S = 60.0
+
+
+def _handlers_limit_s() -> float:
+    try:
+        return float(os.environ.get("THINWIRE_EXIT_HANDLERS_LIMIT_S", EXIT_HANDLERS_LIMIT_S))
+    except ValueError:
+        return EXIT_HANDLERS_LIMIT_S
+
+
+def _give_up(code: int) -> None:
+    """The exit handlers did not finish (one waited on a peer that is gone: seen once in ~20
+    frozen-peer DiLoCo runs): say so with every thread's stack, and end anyway. A rank that
+    has finished its work must not hang."""
+    import faulthandler
+
+    try:
+        sys.stderr.write(f"thinwire: the exit handlers were still running after "
+                         f"{_handlers_limit_s():g} s; ending the process (their stacks follow)\n")
+        sys.stderr.flush()
+        faulthandler.dump_traceback(all_threads=True)
+    finally:
         os._exit(code)
 
 

@@ -99,7 +99,8 @@ def _started(scenario: Scenario, metrics: str, logs: list[str], since: float) ->
         return bool(re.search(r"step ([3-9]|\d\d+)/", handle.read()))
 
 
-ERROR_LINE = re.compile(r"^.*\berror: .*$", re.MULTILINE)
+# thinwire's own line (torchft's logs have "error: " in them too)
+ERROR_LINE = re.compile(r"^thinwire[\w ]*: error: .*$", re.MULTILINE)
 
 
 def classify(status: int | None, stderr: str) -> tuple[str, str]:
@@ -156,6 +157,10 @@ def one_run(scenario: Scenario, fault: str, timeout_s: float, keep: str | None =
                     statuses.append(None)
             seconds = time.monotonic() - struck
         finally:
+            for proc in procs[:-1]:  # a hung survivor writes its threads' stacks first
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGUSR1)
+            time.sleep(2 if any(p.poll() is None for p in procs[:-1]) else 0)
             for proc in procs:
                 if proc.poll() is None:
                     proc.kill()

@@ -46,4 +46,23 @@ def test_every_rank_entry_ends_through_it():
                "bench/sync_worker.py", "bench/dlcp_worker.py", "bench/diloco_worker.py",
                "bench/pipeline_worker.py"]
     for entry in entries:
-        assert "exit_rank(" in (root / entry).read_text(), entry
+        text = (root / entry).read_text()
+        assert "exit_rank(" in text or "end_worker(main" in text, entry  # end_worker calls it
+
+
+def test_a_stuck_exit_handler_cannot_hang_the_rank():
+    """A handler that waits forever (on a peer that is gone) is abandoned after the limit,
+    with every thread's stack; the status is kept."""
+    import os
+    import time
+
+    script = ("import atexit, time\n"
+              "atexit.register(lambda: time.sleep(3600))\n"
+              "from thinwire.rank_exit import exit_rank\n"
+              "exit_rank(1)\n")
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "THINWIRE_EXIT_HANDLERS_LIMIT_S": "1"})
+    assert done.returncode == 1 and time.monotonic() - start < 30
+    assert "exit handlers were still running after 1 s" in done.stderr
+    assert "time.sleep" in done.stderr or "<lambda>" in done.stderr  # the stuck handler's stack

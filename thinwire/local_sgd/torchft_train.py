@@ -35,7 +35,6 @@ from thinwire.local_sgd.torchft_peer import MISSING, available
 log = logging.getLogger(__name__)
 
 KEY = "thinwire/torchft"
-TIMEOUT = timedelta(seconds=120)
 
 
 def check_config(cfg) -> None:
@@ -101,11 +100,13 @@ class TorchftDiLoCoSync:
         lighthouse = store.get(f"{KEY}/lighthouse").decode()
         store_addr, store_port = store.get(f"{KEY}/store/{node}").decode().rsplit(":", 1)
         module = self.module
-        pg = ProcessGroupGloo(timeout=TIMEOUT)
+        # the run's --collective-timeout: a lost replica ends the survivors' step within it
+        timeout = timedelta(seconds=self.cfg.collective_timeout_s)
+        pg = ProcessGroupGloo(timeout=timeout)
         # a healing peer's state arrives as JSON + raw tensor bytes over the replica groups'
         # own group, capped at 3x this model (model, DiLoCo's copy of it, slack): torchft's
         # default transport unpickles it from an HTTP server on every interface
-        transport = DataOnlyTransport(pg, TIMEOUT, own_state=module.state_dict, cap_ratio=3.0)
+        transport = DataOnlyTransport(pg, timeout, own_state=module.state_dict, cap_ratio=3.0)
         self._manager = Manager(
             pg=pg, checkpoint_transport=transport,
             load_state_dict=lambda s: module.load_state_dict(s["model"]),
@@ -113,7 +114,7 @@ class TorchftDiLoCoSync:
             min_replica_size=topo.nodes, use_async_quorum=False, replica_id=f"node{node}",
             store_addr=store_addr, store_port=int(store_port), rank=local,
             world_size=topo.ranks_per_node, lighthouse_addr=lighthouse, hostname=address,
-            timeout=TIMEOUT, init_sync=False)
+            timeout=timeout, quorum_timeout=timeout, init_sync=False)
         outer = torch.optim.SGD(module.parameters(), lr=self.cfg.outer_lr,
                                 momentum=self.cfg.outer_momentum, nesterov=True)
         self._diloco = DiLoCo(self._manager, [module], optimizer, outer,

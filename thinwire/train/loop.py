@@ -248,7 +248,7 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
     def run_eval():
         with noting(rank, "evaluating", step):
             acc, loss = evaluate(cfg, module, ds, device)
-        metrics.record_eval(step, epoch, acc, loss)
+            metrics.record_eval(step, epoch, acc, loss)  # collective too
 
     stopped = False
     while step < total_steps and not stopped and not metrics.stop_reason:
@@ -281,7 +281,8 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
     with noting(rank, "finishing the last exchange", step):
         sync.finish(stopped)  # DiLoCo: an exchange in flight lands before the final evaluation
     tx_end = interface_tx_bytes()
-    metrics.stop_timing(sync.totals(), tx_start, tx_end)
+    with noting(rank, "finishing", step):
+        metrics.stop_timing(sync.totals(), tx_start, tx_end)  # collective
     if cfg.eval_every and not stopped and (not metrics.curve
                                           or metrics.curve[-1]["step"] != step):
         run_eval()
@@ -292,7 +293,8 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
     metrics.close()
     with noting(rank, "finishing", step):
         dist.barrier()
-    sync.close()  # torchft's managers and lighthouse stop while every rank is here
+    with noting(rank, "finishing", step):
+        sync.close()  # torchft's managers and lighthouse stop while every rank is here
     return summary if rank == 0 else {}
 
 
