@@ -65,6 +65,26 @@ def _own_address() -> str:
         return probe.getsockname()[0]
 
 
+class _NoTraceback(logging.Filter):
+    """torchft's Manager logs every failed collective it recovers from with its traceback
+    (a lost replica: one per bucket, 60 lines each); the message stays, the traceback goes,
+    unless THINWIRE_TRACEBACK=1. What ends the run is said once, by thinwire, in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info, record.exc_text = None, None
+        message = record.getMessage()  # should_commit's "errored=" embeds the traceback
+        if "Traceback (most recent call last)" in message:
+            record.msg, record.args = message.split("Traceback (most recent call last)")[0], None
+        return True
+
+
+def _quiet_torchft_tracebacks() -> None:
+    if os.environ.get("THINWIRE_TRACEBACK") != "1":
+        manager_log = logging.getLogger("torchft.manager")
+        if not any(isinstance(f, _NoTraceback) for f in manager_log.filters):
+            manager_log.addFilter(_NoTraceback())
+
+
 class TorchftDiLoCoSync:
     """The loop's ``Sync`` for torchft's DiLoCo: builds DDP now, torchft once the optimizer
     exists (:meth:`attach`), tears torchft down in :meth:`close`."""
@@ -80,6 +100,8 @@ class TorchftDiLoCoSync:
         from torchft.local_sgd import DiLoCo
 
         from thinwire.ft.state_transfer import DataOnlyTransport
+
+        _quiet_torchft_tracebacks()
 
         store = dist.distributed_c10d._get_default_store()
         topo, rank = self.topology, dist.get_rank()
