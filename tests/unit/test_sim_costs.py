@@ -154,3 +154,23 @@ def test_algorithm_config_errors():
         AlgorithmConfig("allreduce", wire="int8")
     with pytest.raises(ValueError, match="elements must be an integer >= 1, got 0"):
         cost("allreduce", 2, 2, 0)
+
+
+def test_the_max_form_takes_the_larger_of_fixed_cost_and_wire_time():
+    from thinwire.collectives.costs import Cluster, world_ring
+    from thinwire.collectives import traffic
+    from thinwire.sim.network import Link, Network, combine
+
+    assert combine(0.01, 5.0, "sum") == pytest.approx(5.01)
+    assert combine(0.01, 5.0, "max") == 5.0 and combine(3.0, 0.5, "max") == 3.0
+    slow = Link(alpha=1e-3, bandwidth=1e6, form="max")   # 1 MB/s, 1 ms a message
+    assert slow.time(10, 5e6) == pytest.approx(5.0)       # the wire: 5 s > 10 ms
+    assert slow.time(10, 1e3) == pytest.approx(0.01)      # the messages: 10 ms > 1 ms
+    assert Link(1e-3, 1e6).time(10, 5e6) == pytest.approx(5.01)
+    # a world all-reduce of 1e6 fp32 over 2 x 1: 2 ring steps, 4 MB through the node's NIC
+    for form, expected in (("sum", 2 * 0.5 + 4.0), ("max", 4.0)):
+        net = Network(Link(1e-4, 1e9, form), Link(0.5, 1e6, form))
+        cost = world_ring(Cluster(2, 1), net, 2, traffic.world_allreduce, 1_000_000, 4)
+        assert cost.comm_s == pytest.approx(expected, rel=0.01), form
+    with pytest.raises(ValueError, match="form must be one of sum, max, got 'min'"):
+        Link(1e-3, 1e6, form="min")

@@ -133,8 +133,11 @@ def volumes(cluster: Cluster, fn, *args) -> tuple[float, float]:
 def world_ring(cluster: Cluster, net, steps: int, fn, *args) -> BucketCost:
     """A collective over all ranks: alpha of the slowest link, bytes on the busiest one."""
     intra, inter = volumes(cluster, fn, *args)
-    alpha = net.inter.alpha if cluster.nodes > 1 else net.intra.alpha
-    seconds = steps * alpha + max(intra / net.intra.bandwidth, inter / net.inter.bandwidth)
+    slowest = net.inter if cluster.nodes > 1 else net.intra
+    fixed, wire = steps * slowest.alpha, max(intra / net.intra.bandwidth,
+                                             inter / net.inter.bandwidth)
+    # the link's form (thinwire.sim.network.combine): alpha-beta's sum, or the larger of the two
+    seconds = max(fixed, wire) if getattr(slowest, "form", "sum") == "max" else fixed + wire
     return BucketCost(comm_s=seconds, intra_bytes=intra, inter_bytes=inter)
 
 

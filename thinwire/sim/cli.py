@@ -78,6 +78,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--overlap", default="hooks", choices=("hooks", "auto", "ddp", "none"),
                    help="calibration: which runs overlap communication with the backward pass "
                         "(hooks: as each run's hook does; auto: the better fit of ddp/none)")
+    p.add_argument("--phase-form", default="sum", choices=("sum", "max"),
+                   help="calibration: a phase costs its fixed cost plus its wire time (sum, the "
+                        "alpha-beta model) or the larger of the two (max)")
     p.add_argument("--repeats", default="each", choices=("each", "median"),
                    help="with --calibrate-at: use each run, or the median of a run's "
                         "repetitions (several results files of the same sweep)")
@@ -222,10 +225,10 @@ def main(args) -> int:
         if args.calibrate_at is not None:
             from thinwire.sim.holdout import holdout, print_holdout
             result = holdout(args.calibrate, args.calibrate_at, overlap=args.overlap,
-                             repeats=args.repeats)
+                             repeats=args.repeats, form=args.phase_form)
             print_holdout(result)
         else:
-            result = calibrate(args.calibrate, overlap=args.overlap)
+            result = calibrate(args.calibrate, overlap=args.overlap, form=args.phase_form)
             _print_calibration(result)
         if not args.no_plot and args.calibrate_at is None:
             from thinwire.sim.plot import calibration_plot

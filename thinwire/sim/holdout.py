@@ -74,10 +74,12 @@ def median_of_repeats(runs: list[Run]) -> list[Run]:
         for group in groups.values()]
 
 
-def holdout(paths, calibrate_at: str, overlap: str = "hooks", repeats: str = "each") -> dict:
+def holdout(paths, calibrate_at: str, overlap: str = "hooks", repeats: str = "each",
+            form: str = "sum") -> dict:
     """Fit on the runs at ``calibrate_at`` (a rate: "200mbit", or "none" for unshaped runs),
     predict the others; rows per held-out run and the largest error per algorithm.
-    ``repeats``: "each" run on its own, or the "median" of the repetitions of a run."""
+    ``repeats``: "each" run on its own, or the "median" of the repetitions of a run.
+    ``form``: how a phase's fixed cost and wire time combine (``sim.network.PHASE_FORMS``)."""
     modes = overlap_modes(overlap)
     if repeats not in REPEATS:
         raise ValueError(f"repeats must be one of {', '.join(REPEATS)}, got {repeats!r}")
@@ -94,7 +96,8 @@ def holdout(paths, calibrate_at: str, overlap: str = "hooks", repeats: str = "ea
     if not held:
         raise ValueError(f"--calibrate-at {calibrate_at}: every run is at that rate, nothing "
                          f"is left to predict out of sample (give a sweep of several rates)")
-    (params, sse), mode = min(((fit(train, m), m) for m in modes), key=lambda f: f[0][1])
+    (params, sse), mode = min(((fit(train, m, form), m) for m in modes),
+                              key=lambda f: f[0][1])
     fitted_compute = {}
     for run in train:
         fitted_compute[(run.nodes, run.ranks_per_node, run.layers_key)] = \
@@ -128,9 +131,9 @@ def holdout(paths, calibrate_at: str, overlap: str = "hooks", repeats: str = "ea
     kept = [r for r in held if (r.nodes, r.ranks_per_node, r.layers_key) in fitted_compute]
     sensitivity = _sensitivity(params, train, kept, fitted_compute, mode)
     return {"calibrate_at": calibrate_at, "calibrate_at_bps": rate, "repeats": repeats,
-            "overlap": mode_name(mode), "sum_sq_residuals": sse,
+            "overlap": mode_name(mode), "phase_form": form, "sum_sq_residuals": sse,
             "fitted": {k: (list(map(float, v)) if k == "compute_s" else float(v))
-                       for k, v in params.items()},
+                       for k, v in params.items() if k != "phase_form"},
             "in_sample_max_abs_error": max(in_sample), "held_out": rows,
             "max_abs_error_by_algorithm": {a: dict(v) for a, v in per_algorithm.items()},
             "sensitivity": sensitivity, "skipped": skipped}

@@ -21,12 +21,26 @@ from dataclasses import dataclass, replace
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 
 
+PHASE_FORMS = ("sum", "max")
+
+
+def combine(fixed_s: float, wire_s: float, form: str) -> float:
+    """A phase's time from its fixed cost (latency per message, the ranks' CPU work around the
+    transfer) and its wire time: their ``sum`` (the alpha-beta model) or the larger of the two
+    (``max``: the fixed work overlaps the transfer, as measured on the emulator, where a phase
+    costs about its fixed cost on a fast link and about its wire time on a slow one)."""
+    return max(fixed_s, wire_s) if form == "max" else fixed_s + wire_s
+
+
 @dataclass(frozen=True)
 class Link:
     alpha: float       # seconds per message (one ring step)
     bandwidth: float   # bytes per second; math.inf for a link that costs no time per byte
+    form: str = "sum"  # how a phase's fixed cost and wire time combine (PHASE_FORMS)
 
     def __post_init__(self):
+        if self.form not in PHASE_FORMS:
+            raise ValueError(f"form must be one of {', '.join(PHASE_FORMS)}, got {self.form!r}")
         if not (isinstance(self.alpha, (int, float)) and self.alpha >= 0
                 and math.isfinite(self.alpha)):
             raise ValueError(f"alpha must be a finite number >= 0 (seconds), got {self.alpha!r}")
@@ -35,8 +49,8 @@ class Link:
                              f"got {self.bandwidth!r}")
 
     def time(self, messages: float, nbytes: float) -> float:
-        """``messages * alpha + nbytes / bandwidth``."""
-        return messages * self.alpha + nbytes / self.bandwidth
+        """``messages * alpha`` and ``nbytes / bandwidth``, combined by the link's form."""
+        return combine(messages * self.alpha, nbytes / self.bandwidth, self.form)
 
 
 @dataclass(frozen=True)
