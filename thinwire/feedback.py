@@ -113,6 +113,28 @@ class ErrorFeedback:
         self.layouts[bucket_index] = self.layout
         return velocity.clone()
 
+    def snapshot(self) -> dict:
+        """What :meth:`restore` needs to undo the steps after it (a step the fault-tolerant
+        quorum does not commit). Residuals are not copied: ``keep`` replaces a bucket's
+        residual with a new tensor and never changes a kept one after its step, so holding the
+        references is enough. Velocities are updated in place, so they are cloned."""
+        return {"residuals": dict(self.residuals),
+                "velocities": {i: v.clone() for i, v in self.velocities.items()},
+                "layouts": dict(self.layouts)}
+
+    def restore(self, snapshot: dict) -> None:
+        self.residuals = dict(snapshot["residuals"])
+        self.velocities = {i: v.clone() for i, v in snapshot["velocities"].items()}
+        self.layouts = dict(snapshot["layouts"])
+
+    def mass(self) -> dict:
+        """This rank's residual mass: what it has held back and not yet sent (L1 norm and
+        signed sum over every bucket). A rank that leaves takes it with it."""
+        l1 = sum(float(r.double().abs().sum()) for r in self.residuals.values())
+        total = sum(float(r.double().sum()) for r in self.residuals.values())
+        return {"l1": l1, "sum": total, "elements": sum(r.numel()
+                                                        for r in self.residuals.values())}
+
     def reset(self) -> None:
         self.residuals.clear()
         self.velocities.clear()

@@ -382,6 +382,36 @@ class SyncState:
         self.wire_dtype = wire_dtype(self.wire)
         self.sparse_wire_dtype = sparse_wire_dtype(self.sparse_wire)
 
+    # ------------------------------------------------------------------ fault tolerance
+
+    def snapshot(self) -> dict:
+        """The state at a step's start, for :meth:`rollback`: a step the quorum of a
+        fault-tolerant run does not commit (a peer failed in the middle of it) must leave the
+        residuals, velocities and the algorithms' per-bucket state as they were, or the mass
+        that step selected would be sent neither then nor later."""
+        return {"steps": self.steps, "feedback": self.feedback.snapshot(),
+                "algorithm_state": {i: dict(s) for i, s in self.algorithm_state.items()}}
+
+    def rollback(self, snapshot: dict) -> None:
+        """Back to ``snapshot`` (the step in progress is abandoned: its counters too)."""
+        self.steps = snapshot["steps"]
+        self.feedback.restore(snapshot["feedback"])
+        self.algorithm_state = {i: dict(s) for i, s in snapshot["algorithm_state"].items()}
+        self._current = _empty_step()
+        self.abandon_step()
+
+    def healing_state_dict(self) -> dict:
+        """What a joining rank takes from a live peer: everything but the residuals and
+        velocities, which are the donor's own unsent mass (a joining rank starts with none:
+        copying them would send the donor's mass twice)."""
+        state = self.state_dict()
+        state["feedback"] = dict(state["feedback"], residuals={}, velocities={}, layouts={})
+        return state
+
+    def residual_mass(self) -> dict:
+        """This rank's unsent mass (``ErrorFeedback.mass``): what leaves with it."""
+        return self.feedback.mass()
+
     def state_dict(self) -> dict:
         """Plain tensors and numbers (loads with ``torch.load(weights_only=True)``)."""
         return {**self.settings, "steps": self.steps, "feedback": self.feedback.state_dict(),
