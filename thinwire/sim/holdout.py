@@ -135,6 +135,10 @@ def holdout(paths, calibrate_at: str, overlap: str = "hooks", repeats: str = "ea
             "fitted": {k: (list(map(float, v)) if k == "compute_s" else float(v))
                        for k, v in params.items() if k != "phase_form"},
             "in_sample_max_abs_error": max(in_sample), "held_out": rows,
+            "rows": [{"algorithm": name, "calibrate_at": calibrate_at, "phase_form": form,
+                      **{f"max_abs_error_{source}": errors.get(source)
+                         for source in COMPUTE_SOURCES}}
+                     for name, errors in sorted(per_algorithm.items())],
             "max_abs_error_by_algorithm": {a: dict(v) for a, v in per_algorithm.items()},
             "sensitivity": sensitivity, "skipped": skipped}
 
