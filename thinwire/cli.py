@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from thinwire import __version__, cliargs
@@ -46,16 +47,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # a subcommand may parse again
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
+        if getattr(args, "takes_argv", False):  # it parses its options again (train --config)
+            return int(args.func(args, argv) or 0)
         return int(args.func(args) or 0)
     except Exception as exc:  # bad input or a lost peer: one clear line; a bug: its traceback
-        return failure_status(exc, "thinwire")
+        # a rank of a launched run (the pipeline's) says which rank lost whom, at which step
+        return failure_status(exc, "thinwire", rank_process="RANK" in os.environ)
 
 
 if __name__ == "__main__":

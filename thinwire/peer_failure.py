@@ -22,7 +22,8 @@ from contextlib import contextmanager
 
 _WHERE = re.compile(r"thinwire (?P<algorithm>\S+): failed in the (?P<phase>.+?) phase of "
                     r"bucket (?P<bucket>\d+) at step (?P<step>\d+)")
-_STEP = re.compile(r"thinwire: rank (?P<rank>\d+) was (?P<doing>.+?) at step (?P<step>\d+)")
+_STEP = re.compile(r"thinwire: rank (?P<rank>\d+) was (?P<doing>.+?) at "
+                   r"(?P<unit>step|micro-batch) (?P<step>\d+)")
 
 # What gloo, the store and sockets say when the other end is gone or silent. A message with
 # none of them (a shape mismatch, a NaN) is not a lost peer, whatever its type.
@@ -41,18 +42,21 @@ def where_note(algorithm: str, phase: str, bucket: int, step: int) -> str:
     return f"thinwire {algorithm}: failed in the {phase} phase of bucket {bucket} at step {step}"
 
 
-def step_note(rank: int, doing: str, step: int) -> str:
+def step_note(rank: int, doing: str, step: int, unit: str = "step") -> str:
     """The note a training loop adds to an exception raised while it was ``doing`` (e.g.
-    "in a training step", "evaluating") at ``step`` (counted from 1)."""
-    return f"thinwire: rank {rank} was {doing} at step {step}"
+    "in a training step", "evaluating") at ``step`` (counted from 1; ``unit`` "micro-batch"
+    for a pipeline's operations)."""
+    return f"thinwire: rank {rank} was {doing} at {unit} {step}"
 
 
 def _chain(exc: BaseException):
+    """The exception and its explicit causes (``raise ... from``). Not the implicit context:
+    a bug raised while a timeout was being handled is a bug, not a lost peer."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         yield exc
-        exc = exc.__cause__ or exc.__context__
+        exc = exc.__cause__
 
 
 def _texts(exc: BaseException) -> list[str]:
@@ -65,24 +69,24 @@ def _texts(exc: BaseException) -> list[str]:
 
 def is_lost_peer(exc: BaseException) -> bool:
     """True for an error that says a collective's other end is gone or silent."""
+    return any(_looks_lost(link) for link in _chain(exc))
+
+
+def _looks_lost(link: BaseException) -> bool:
     import torch.distributed as dist  # here: the command line imports this module, torch later
 
-    for link in _chain(exc):
-        if isinstance(link, (dist.DistNetworkError, dist.DistStoreError, ConnectionError,
-                             TimeoutError)):
-            return True
-        if isinstance(link, (RuntimeError, OSError)) \
-                and _LOST_PEER.search(str(link)):
-            return True
-    return False
+    if isinstance(link, (dist.DistNetworkError, dist.DistStoreError, ConnectionError,
+                         TimeoutError)):
+        return True
+    return isinstance(link, (RuntimeError, OSError)) and bool(_LOST_PEER.search(str(link)))
 
 
 def _reason(exc: BaseException) -> str:
-    """The innermost cause in a few words: gloo's message without its source location,
-    its boilerplate and DDP's wrapper."""
-    links = list(_chain(exc))
-    text = str(links[-1]).strip().splitlines()[0] if str(links[-1]).strip() else \
-        type(links[-1]).__name__
+    """The innermost lost-peer cause in a few words: gloo's message without its source
+    location, its boilerplate and DDP's wrapper."""
+    lost = [link for link in _chain(exc) if _looks_lost(link)] or [exc]
+    text = str(lost[-1]).strip().splitlines()[0] if str(lost[-1]).strip() else \
+        type(lost[-1]).__name__
     while True:  # DDP wraps once per callback level: "Got the following error ... Got ..."
         stripped = _WRAPPER.sub("", _SOURCE.sub("", text), count=1)
         if stripped == text:
@@ -112,15 +116,16 @@ def describe(exc: BaseException, rank: int | None = None) -> str | None:
         place, at = step["doing"], int(step["step"])
     else:
         place, at = "in a collective", None
-    when = f" at step {at}" if at is not None else ""
+    unit = step["unit"] if step else "step"
+    when = f" at {unit} {at}" if at is not None else ""
     return f"{who} lost a peer {place}{when}: {_reason(exc)}"
 
 
 @contextmanager
-def noting(rank: int, doing: str, step: int):
+def noting(rank: int, doing: str, step: int, unit: str = "step"):
     """Adds :func:`step_note` to any exception raised in the block (and re-raises it)."""
     try:
         yield
     except Exception as exc:
-        exc.add_note(step_note(rank, doing, step))
+        exc.add_note(step_note(rank, doing, step, unit))
         raise

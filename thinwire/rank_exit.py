@@ -28,13 +28,13 @@ def exit_rank(status: int | None = 0) -> NoReturn:
     interpreter's teardown. Only for a process whose work is done: a rank entry's last
     line, never library code that a user's process calls."""
     code = 0 if status is None else int(status)
+    # never cancelled: flushing below can block too (a full pipe), and os._exit ends it
     watchdog = threading.Timer(_handlers_limit_s(), _give_up, args=(code,))
     watchdog.daemon = True
     watchdog.start()
     try:
         atexit._run_exitfuncs()  # CPython's own: runs and reports the registered handlers
     finally:
-        watchdog.cancel()
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -48,10 +48,12 @@ EXIT_HANDLERS_LIMIT_S = 60.0
 
 
 def _handlers_limit_s() -> float:
+    """THINWIRE_EXIT_HANDLERS_LIMIT_S if it is a finite number > 0, else the default."""
     try:
-        return float(os.environ.get("THINWIRE_EXIT_HANDLERS_LIMIT_S", EXIT_HANDLERS_LIMIT_S))
+        limit = float(os.environ.get("THINWIRE_EXIT_HANDLERS_LIMIT_S", EXIT_HANDLERS_LIMIT_S))
     except ValueError:
         return EXIT_HANDLERS_LIMIT_S
+    return limit if 0 < limit < float("inf") else EXIT_HANDLERS_LIMIT_S
 
 
 def _give_up(code: int) -> None:
@@ -69,20 +71,28 @@ def _give_up(code: int) -> None:
         os._exit(code)
 
 
-def failure_status(exc: Exception, command: str) -> int:
-    """A rank's failure as the user should see it; the exit status. A lost peer is one line
-    (the rank, what it was doing, step, phase, bucket, reason; the traceback only with
-    THINWIRE_TRACEBACK=1, for a bug report), status 1. A bad value is one line, status 2.
-    Anything else is a bug: re-raised with its traceback."""
-    line = peer_failure.describe(exc, _rank())
-    if line is not None:
+def failure_status(exc: Exception, command: str, rank_process: bool = True) -> int:
+    """A failure as the user should see it; the exit status.
+
+    * A bad value: one line, status 2.
+    * A lost peer: one line, status 1 (the traceback only with THINWIRE_TRACEBACK=1, for a bug
+      report). In a rank: the rank, what it was doing, step, phase, bucket and reason.
+    * Anything else is a bug. In a rank (``rank_process``) its traceback is printed and the
+      status is 1, so the rank still ends through :func:`exit_rank`; a plain command re-raises
+      it (Python prints it)."""
+    if isinstance(exc, (ValueError, TypeError, FileNotFoundError)):
+        print(f"{command}: error: {exc}", file=sys.stderr)
+        return 2
+    if peer_failure.is_lost_peer(exc):
+        line = peer_failure.describe(exc, _rank()) if rank_process else \
+            str(exc).strip().splitlines()[0]
         print(f"{command}: error: {line}", file=sys.stderr)
         if os.environ.get("THINWIRE_TRACEBACK") == "1":
             traceback.print_exception(exc)
         return 1
-    if isinstance(exc, (ValueError, TypeError, FileNotFoundError)):
-        print(f"{command}: error: {exc}", file=sys.stderr)
-        return 2
+    if rank_process:
+        traceback.print_exception(exc)
+        return 1
     raise exc
 
 

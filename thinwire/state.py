@@ -388,7 +388,9 @@ class SyncState:
         """The state at a step's start, for :meth:`rollback`: a step the quorum of a
         fault-tolerant run does not commit (a peer failed in the middle of it) must leave the
         residuals, velocities and the algorithms' per-bucket state as they were, or the mass
-        that step selected would be sent neither then nor later."""
+        that step selected would be sent neither then nor later. (dlcp names its transport's
+        rounds by step and bucket: a retried step would reuse a finished round's name, so dlcp
+        is not for rollback.)"""
         return {"steps": self.steps, "feedback": self.feedback.snapshot(),
                 "algorithm_state": {i: dict(s) for i, s in self.algorithm_state.items()}}
 

@@ -47,14 +47,15 @@ def test_a_replica_heals_from_its_peer_without_pickle():
             before[index] = {k: v.clone() for k, v in model.state_dict().items()}
             store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
             pg = ProcessGroupGloo(timeout=TIMEOUT)
-            manager = Manager(
+            built = {}  # the transport measures a peer's state against its Manager's own
+            manager = built["manager"] = Manager(
                 pg=pg, load_state_dict=lambda s: model.load_state_dict(s["model"]),
                 state_dict=lambda: {"model": model.state_dict()}, min_replica_size=2,
                 use_async_quorum=False, replica_id=f"node{index}", store_addr="127.0.0.1",
                 store_port=store.port, rank=0, world_size=1, lighthouse_addr=address,
                 hostname="127.0.0.1", timeout=TIMEOUT, init_sync=True,
-                checkpoint_transport=CountingTransport(pg, TIMEOUT,
-                                                       own_state=model.state_dict))
+                checkpoint_transport=CountingTransport(
+                    pg, TIMEOUT, own_state=lambda: built["manager"]._manager_state_dict()))
             try:
                 manager.start_quorum()
                 assert manager.should_commit()

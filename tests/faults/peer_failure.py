@@ -115,7 +115,8 @@ def classify(status: int | None, stderr: str) -> tuple[str, str]:
         return "trained_on", last
     if "Traceback" in stderr:
         return "traceback", last
-    if len(lines) == 1 and re.search(r"\brank \d+", last) and re.search(r"\bstep \d+", last):
+    if len(lines) == 1 and re.search(r"\brank \d+", last) \
+            and re.search(r"\b(step|micro-batch) \d+", last):
         return "clear", last
     return "other", last
 

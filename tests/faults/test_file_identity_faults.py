@@ -232,3 +232,16 @@ def test_data_warm_checks_a_sha256sum_file(records, tmp_path, capsys):
     sums.write_text("not a manifest\n")
     assert main(args) == 2 and "line 1: expected '<sha256 hex>  <name>'" in \
         capsys.readouterr().err
+
+
+def test_manifest_names_are_relative_to_the_folder_before_any_wildcard(tmp_path):
+    from thinwire.data import cli, manifest
+
+    assert cli._folder("file:///d/*/x.bin") == "file:///d/"
+    assert cli._folder("http://h/data/shard-*.bin") == "http://h/data/"
+    assert cli._folder(["file:///d/a/1.bin", "file:///d/b/2.bin"]) == "file:///d/"
+    sums = tmp_path / "SHA256SUMS"
+    sums.write_bytes(b"a" * 64 + b"  a/1.bin\r\n")  # written on Windows
+    assert manifest.read_sha256sum(sums, "file:///d") == {"file:///d/a/1.bin": "a" * 64}
+    with pytest.raises(ValueError, match="must be a SHA-256 hex digest"):
+        manifest.check({"u": "a" * 64 + "\n"}, ["u"])

@@ -82,5 +82,31 @@ def test_failure_status(capsys, monkeypatch):
                                 "Timed out waiting 10000ms for recv operation to complete"]
     assert failure_status(ValueError("--lr must be > 0, got -1"), "thinwire") == 2
     assert capsys.readouterr().err == "thinwire: error: --lr must be > 0, got -1\n"
-    with pytest.raises(ZeroDivisionError):  # a bug keeps its traceback
-        failure_status(ZeroDivisionError("division by zero"), "thinwire")
+    # a bug keeps its traceback: printed by a rank (which then ends through exit_rank),
+    # raised by a plain command
+    assert failure_status(ZeroDivisionError("division by zero"), "thinwire train") == 1
+    assert "ZeroDivisionError: division by zero" in capsys.readouterr().err
+    with pytest.raises(ZeroDivisionError):
+        failure_status(ZeroDivisionError("division by zero"), "thinwire", rank_process=False)
+    # a command that is not a rank says what failed, not which rank lost a peer
+    assert failure_status(ConnectionRefusedError(111, "Connection refused"), "thinwire",
+                          rank_process=False) == 1
+    assert capsys.readouterr().err == "thinwire: error: [Errno 111] Connection refused\n"
+
+
+def test_a_bug_raised_while_a_timeout_was_handled_is_a_bug():
+    try:
+        try:
+            raise TimeoutError("no answer for 10 s")
+        except TimeoutError:
+            raise KeyError("a bug in the handler")
+    except KeyError as exc:
+        assert exc.__context__ is not None and peer_failure.describe(exc, 0) is None
+
+
+def test_a_pipeline_note_counts_micro_batches():
+    exc = RuntimeError(GLOO_TIMEOUT)
+    exc.add_note(peer_failure.step_note(1, "in a backward", 3391, "micro-batch"))
+    assert peer_failure.describe(exc) == ("rank 1 lost a peer in a backward at micro-batch "
+                                          "3391: Timed out waiting 10000ms for recv operation "
+                                          "to complete")

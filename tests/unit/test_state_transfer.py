@@ -137,3 +137,45 @@ def test_the_module_never_unpickles():
              and isinstance(node.func, ast.Attribute) and node.func.attr in ("load", "loads")]
     assert not imported & {"pickle", "dill", "cloudpickle", "marshal"}
     assert loads and all(isinstance(f.value, ast.Name) and f.value.id == "json" for f in loads)
+
+
+@pytest.mark.parametrize("theirs, message", [
+    ({"w": torch.zeros(3, 5)}, "(3, 5)), this replica has"),    # another shape
+    ({"w": torch.zeros(3, 4, dtype=torch.float64)}, "float64"),  # another dtype
+    ({"w": torch.zeros(3, 4), "x": torch.zeros(1)}, "extra"),   # an entry more
+    ({"w": torch.zeros(3, 4), "step": "12"}, "'str'"),          # a value of another type
+])
+def test_a_peer_state_of_another_form_is_refused_before_its_tensors(theirs, message):
+    mine = {"w": torch.zeros(3, 4), "step": 12}
+    if "step" not in theirs and "x" not in theirs:
+        theirs = dict(theirs, step=12)
+    header, _ = st.describe(st.flatten(theirs), 12)
+    result, errors = _pair(
+        _send_raw(header),
+        lambda pg: st.DataOnlyTransport(pg, TIMEOUT, own_state=lambda: mine).recv_checkpoint(
+            0, "thinwire-state/1", 12, TIMEOUT))
+    assert len(errors) == 1 and isinstance(errors[0], st.UnsafeState), errors
+    assert message in str(errors[0])
+
+
+def test_a_header_far_larger_than_this_replicas_is_refused_unread():
+    own = lambda: {"w": torch.zeros(2)}  # noqa: E731
+    huge = (1 << 20)
+    def send(pg):
+        pg.send([torch.tensor([huge], dtype=torch.int64)], 1, 1).wait(TIMEOUT)
+    result, errors = _pair(send, lambda pg: st.DataOnlyTransport(
+        pg, TIMEOUT, own_state=own).recv_checkpoint(0, "thinwire-state/1", 12, TIMEOUT))
+    assert len(errors) == 1 and "header of 1048576 bytes" in str(errors[0]), errors
+
+
+def test_a_shape_of_many_huge_dimensions_is_refused_quickly():
+    import time
+    shape = [2**47] * 100_000
+    start = time.monotonic()
+    with pytest.raises(st.UnsafeState, match="not accepted"):
+        st.parse_header(_header([{"path": [["d", "w"]], "kind": "tensor", "dtype": "float32",
+                                  "shape": shape}]), 12, 10**6)
+    with pytest.raises(st.UnsafeState, match="more than"):
+        st.parse_header(_header([{"path": [["d", "w"]], "kind": "tensor", "dtype": "float32",
+                                  "shape": [2**47] * 16}]), 12, 10**6)
+    assert time.monotonic() - start < 5

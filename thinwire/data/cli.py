@@ -39,6 +39,8 @@ def _folder(source: str | list[str]) -> str:
     listed URL is in."""
     urls = [source] if isinstance(source, str) else source
     common = os.path.commonprefix(urls)
+    wildcard = min((i for i in (common.find(c) for c in "*?[") if i >= 0), default=len(common))
+    common = common[:wildcard]  # a glob's folder ends before its first wildcard
     return common[:common.rfind("/") + 1]
 
 

@@ -16,7 +16,7 @@ import os
 import re
 from typing import Iterable, Mapping
 
-_HEX = re.compile(r"^[0-9a-f]{64}$")
+_HEX = re.compile(r"[0-9a-f]{64}")  # fullmatch: no trailing newline slips through
 MAX_MANIFEST_BYTES = 64 << 20
 
 
@@ -33,7 +33,7 @@ def check(checksums: Mapping[str, str], urls: Iterable[str]) -> dict[str, str]:
     table = {}
     for url, digest in checksums.items():
         if not isinstance(url, str) or not isinstance(digest, str) \
-                or not _HEX.match(digest.lower()):
+                or not _HEX.fullmatch(digest.lower()):
             raise ValueError(f"checksums[{url!r}] must be a SHA-256 hex digest (64 hex "
                              f"characters), got {digest!r}")
         table[url] = digest.lower()
@@ -63,13 +63,13 @@ def read_sha256sum(path: str | os.PathLike, base_url: str) -> dict[str, str]:
     table = {}
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
-            line = line.rstrip("\n")
+            line = line.rstrip("\r\n")  # a manifest written on Windows too
             if not line.strip():
                 continue
             digest, sep, name = line.partition("  ")
             if not sep:
                 digest, sep, name = line.partition(" *")
-            if not sep or not _HEX.match(digest.lower()) or not name:
+            if not sep or not _HEX.fullmatch(digest.lower()) or not name:
                 raise ValueError(f"--checksums {path}, line {number}: expected '<sha256 hex>  "
                                  f"<name>' (sha256sum's format), got {line[:80]!r}")
             table[base + name] = digest.lower()

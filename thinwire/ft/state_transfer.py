@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
+import time
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -33,7 +35,8 @@ import torch
 DTYPES = {str(t).removeprefix("torch."): t for t in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
     torch.int16, torch.int8, torch.uint8, torch.bool)}
-MAX_HEADER_BYTES = 64 << 20
+MAX_HEADER_BYTES = 64 << 20  # absolute ceiling; the receiver's own header sets a lower one
+MAX_DIMS = 16
 _HEADER_TAG, _LENGTH_TAG, _FIRST_TENSOR_TAG = 2, 1, 3
 
 try:  # torchft is an optional peer: the format below does not need it
@@ -68,8 +71,10 @@ def flatten(state: Any, path: tuple = ()) -> list[tuple[tuple, Any]]:
     return [(path, state)]
 
 
-def describe(leaves: list[tuple[tuple, Any]], step: int) -> tuple[bytes, list[torch.Tensor]]:
-    """The header (JSON bytes) and the tensors, contiguous on the CPU, in header order."""
+def describe(leaves: list[tuple[tuple, Any]], step: int,
+             with_tensors: bool = True) -> tuple[bytes, list[torch.Tensor]]:
+    """The header (JSON bytes) and the tensors, contiguous on the CPU, in header order
+    (``with_tensors=False``: the header alone, no tensor is touched)."""
     entries, tensors = [], []
     for path, leaf in leaves:
         entry: dict[str, Any] = {"path": [list(p) for p in path]}
@@ -79,7 +84,8 @@ def describe(leaves: list[tuple[tuple, Any]], step: int) -> tuple[bytes, list[to
                 raise UnsafeState(f"tensor at {_show(path)} has dtype {leaf.dtype}, not one of "
                                   f"{sorted(DTYPES)}")
             entry.update(kind="tensor", dtype=name, shape=list(leaf.shape))
-            tensors.append(leaf.detach().to("cpu").contiguous())
+            if with_tensors:
+                tensors.append(leaf.detach().to("cpu").contiguous())
         elif leaf is None or isinstance(leaf, (bool, int, float, str)):
             if isinstance(leaf, float) and not math.isfinite(leaf):
                 entry.update(kind="float", value=repr(leaf))
@@ -113,23 +119,64 @@ def parse_header(header: bytes, step: int, max_bytes: int) -> list[dict]:
     total = 0
     for entry in leaves:
         if not isinstance(entry, dict) or not _valid_path(entry.get("path")):
-            raise UnsafeState(f"peer state leaf {str(entry)[:80]} has no valid path")
+            raise UnsafeState(f"peer state leaf {_short(entry)} has no valid path")
         kind = entry.get("kind")
         if kind == "tensor":
             shape = entry.get("shape")
-            if entry.get("dtype") not in DTYPES or not isinstance(shape, list) or not all(
-                    isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**48
-                    for n in shape):
-                raise UnsafeState(f"peer tensor at {entry['path']}: dtype "
-                                  f"{entry.get('dtype')!r}, shape {shape!r} not accepted")
-            total += math.prod(shape) * DTYPES[entry["dtype"]].itemsize
+            if entry.get("dtype") not in DTYPES or not isinstance(shape, list) \
+                    or len(shape) > MAX_DIMS or not all(
+                        isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**48
+                        for n in shape):
+                raise UnsafeState(f"peer tensor at {_short(entry['path'])}: dtype "
+                                  f"{_short(entry.get('dtype'))}, shape {_short(shape)} not "
+                                  "accepted")
+            size = DTYPES[entry["dtype"]].itemsize
+            for n in shape:  # one dimension at a time: a product past the cap stops here
+                size *= n
+                if total + size > max_bytes:
+                    break
+            total += size
         elif not _valid_value(kind, entry.get("value")):
-            raise UnsafeState(f"peer state leaf of kind {kind!r} with value "
-                              f"{str(entry.get('value'))[:40]!r} not accepted")
+            raise UnsafeState(f"peer state leaf of kind {_short(kind)} with value "
+                              f"{_short(entry.get('value'))} not accepted")
         if total > max_bytes:
             raise UnsafeState(f"peer state announces more than {max_bytes} bytes of tensors "
-                              "(the cap: 1.5x this replica's own state)")
+                              "(the cap, set by this replica's own state)")
     return leaves
+
+
+def _short(value) -> str:
+    """A bounded repr for messages (a crafted header's values can be megabytes)."""
+    return reprlib.repr(value)
+
+
+def check_structure(leaves: list[dict], own: list[dict]) -> None:
+    """The peer's leaves against this replica's own: the same paths, and at each the same
+    tensor dtype and shape, or a plain value of the same type. A healed replica loads what it
+    already has the form of; a peer cannot hand it a differently shaped or typed state."""
+    def form(entry):
+        if entry["kind"] == "tensor":
+            return ("tensor", entry["dtype"], tuple(entry["shape"]))
+        if entry["kind"] == "float":
+            return ("value", "float")
+        if entry["kind"] == "empty":
+            return ("empty", entry["value"])
+        return ("value", type(entry["value"]).__name__)
+
+    theirs = {json.dumps(e["path"]): form(e) for e in leaves}
+    mine = {json.dumps(e["path"]): form(e) for e in own}
+    if len(theirs) != len(leaves):
+        raise UnsafeState("peer state places two leaves at one path")
+    if theirs.keys() != mine.keys():
+        extra, missing = sorted(theirs.keys() - mine.keys()), sorted(mine.keys() - theirs.keys())
+        raise UnsafeState(f"peer state has other entries than this replica's: extra "
+                          f"{_short(extra)}, missing {_short(missing)}")
+    differ = [path for path in mine if mine[path] != theirs[path]
+              and {mine[path], theirs[path]} != {("value", "int"), ("value", "float")}]
+    if differ:
+        path = differ[0]
+        raise UnsafeState(f"peer state at {path}: {_short(theirs[path])}, this replica has "
+                          f"{_short(mine[path])} ({len(differ)} entries differ)")
 
 
 def rebuild(leaves: list[dict], tensors: list[torch.Tensor]) -> Any:
@@ -224,13 +271,18 @@ class DataOnlyTransport(CheckpointTransport):
     """torchft ``CheckpointTransport`` that sends a state dict as a JSON header and raw tensor
     bytes over ``pg`` (the Manager's cross-replica process group): no pickle, no server.
 
-    own_state: returns this replica's current state dict; its size sets the cap on what a
-    peer may announce (``cap_ratio`` times it, at least ``min_cap_bytes``)."""
+    own_state: returns this replica's current state dict (torchft's Manager: the whole
+    state it sends and loads). Its header caps the size of the peer's header, its tensors the
+    bytes the peer may announce (``cap_ratio`` times them, at least ``min_cap_bytes``), and with
+    ``same_structure`` (the default) the peer's state must have exactly its form: the same
+    entries, each tensor of the same dtype and shape, each value of the same type."""
 
     def __init__(self, pg, timeout: timedelta, own_state: Callable[[], Any], *,
-                 cap_ratio: float = 1.5, min_cap_bytes: int = 1 << 20) -> None:
+                 cap_ratio: float = 1.5, min_cap_bytes: int = 1 << 20,
+                 same_structure: bool = True) -> None:
         self._pg, self._timeout, self._own_state = pg, timeout, own_state
         self._cap_ratio, self._min_cap = cap_ratio, min_cap_bytes
+        self._same_structure = same_structure
 
     def metadata(self) -> str:
         return "thinwire-state/1"
@@ -255,24 +307,37 @@ class DataOnlyTransport(CheckpointTransport):
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int,
                         timeout: timedelta) -> Any:
         if metadata != self.metadata():
-            raise UnsafeState(f"peer's checkpoint transport is {metadata!r}, not "
+            raise UnsafeState(f"peer's checkpoint transport is {_short(metadata)}, not "
                               f"{self.metadata()!r}: healing needs thinwire's on every replica")
+        deadline = time.monotonic() + timeout.total_seconds()  # one for the whole state
+
+        def left() -> timedelta:
+            return timedelta(seconds=max(deadline - time.monotonic(), 0.001))
+
+        own = self._own_state()
+        own_header, _ = describe(flatten(own), step, with_tensors=False)
         length = torch.zeros(1, dtype=torch.int64)
-        self._pg.recv([length], src_rank, tag=_LENGTH_TAG).wait(timeout)
-        size = int(length[0])
-        if not 0 < size <= MAX_HEADER_BYTES:
-            raise UnsafeState(f"peer state header of {size} bytes (at most {MAX_HEADER_BYTES})")
+        self._pg.recv([length], src_rank, tag=_LENGTH_TAG).wait(left())
+        size, most = int(length[0]), min(2 * len(own_header) + (64 << 10), MAX_HEADER_BYTES)
+        if not 0 < size <= most:
+            raise UnsafeState(f"peer state header of {size} bytes (this replica's is "
+                              f"{len(own_header)}: at most {most})")
         header = torch.empty(size, dtype=torch.uint8)
-        self._pg.recv([header], src_rank, tag=_HEADER_TAG).wait(timeout)
-        cap = max(int(self._cap_ratio * state_bytes(self._own_state())), self._min_cap)
+        self._pg.recv([header], src_rank, tag=_HEADER_TAG).wait(left())
+        cap = max(int(self._cap_ratio * state_bytes(own)), self._min_cap)
         leaves = parse_header(header.numpy().tobytes(), step, cap)
+        if self._same_structure:
+            check_structure(leaves, json.loads(own_header)["leaves"])
         tensors = []
         for i, entry in enumerate(e for e in leaves if e["kind"] == "tensor"):
             tensor = torch.empty(entry["shape"], dtype=DTYPES[entry["dtype"]])
             self._pg.recv([_as_bytes(tensor)], src_rank, tag=_FIRST_TENSOR_TAG + i) \
-                .wait(timeout)
+                .wait(left())
             tensors.append(tensor)
-        return rebuild(leaves, tensors)
+        state = rebuild(leaves, tensors)
+        if not isinstance(state, dict):
+            raise UnsafeState(f"peer state is a {type(state).__name__}, not a dict")
+        return state
 
     def shutdown(self, wait: bool = True) -> None:
         """Nothing runs in the background."""

@@ -126,9 +126,11 @@ class TorchftDiLoCoSync:
         timeout = timedelta(seconds=self.cfg.collective_timeout_s)
         pg = ProcessGroupGloo(timeout=timeout)
         # a healing peer's state arrives as JSON + raw tensor bytes over the replica groups'
-        # own group, capped at 3x this model (model, DiLoCo's copy of it, slack): torchft's
-        # default transport unpickles it from an HTTP server on every interface
-        transport = DataOnlyTransport(pg, timeout, own_state=module.state_dict, cap_ratio=3.0)
+        # own group, in exactly the form of this replica's Manager state (what torchft sends
+        # and loads; its private _manager_state_dict, the one call that returns it whole):
+        # torchft's default transport unpickles it from an HTTP server on every interface
+        transport = DataOnlyTransport(pg, timeout,
+                                      own_state=lambda: self._manager._manager_state_dict())
         self._manager = Manager(
             pg=pg, checkpoint_transport=transport,
             load_state_dict=lambda s: module.load_state_dict(s["model"]),

@@ -20,11 +20,10 @@ from thinwire.peer_failure import noting
 from thinwire.pipeline import schedules, ticktock_engine
 from thinwire.pipeline.config import DTYPES, PipelineConfig, Stream, build_stages, optimizer_args
 from thinwire.pipeline.stage import StageWorker
-from thinwire.pipeline.stage_io import (TAG_ACTIVATION, TAG_GRADIENT, Sender,
+from thinwire.pipeline.stage_io import (OP_DOING, TAG_ACTIVATION, TAG_GRADIENT, Sender,
                                         activation_shapes, evaluate, init, warm_up)
 
 log = logging.getLogger(__name__)
-DOING = {"F": "in a forward", "B": "in a backward", "U": "in an update"}  # per op kind
 
 
 def train_stage(cfg: PipelineConfig, ds) -> dict:
@@ -50,7 +49,7 @@ def train_stage(cfg: PipelineConfig, ds) -> dict:
     dist.barrier()
     t_start, cpu_start = time.time(), time.process_time()
     for kind, i in ops:
-        with noting(s, DOING[kind], i + 1):  # a lost peer: which stage, micro-batch, op
+        with noting(s, OP_DOING[kind], i + 1, "micro-batch"):  # a lost peer: stage, op, i
             if kind == "F":
                 if s == 0:
                     x = ds.train_x[stream.indices(i)].to(dtype)
@@ -79,12 +78,12 @@ def train_stage(cfg: PipelineConfig, ds) -> dict:
                 tb = time.time()
                 worker.update()
                 events.append(("U", i, tb, time.time()))
-    with noting(s, "finishing its sends", stream.total):
+    with noting(s, "finishing its sends", stream.total, "micro-batch"):
         sender.wait_all()
     t_end, cpu_s = time.time(), time.process_time() - cpu_start
     log.info("stage %d: %d operations in %.2f s", s, len(ops), t_end - t_start)
 
-    with noting(s, "evaluating", stream.total):
+    with noting(s, "evaluating", stream.total, "micro-batch"):
         accuracy = evaluate(worker, s, S, ds.test_x.to(dtype), ds.test_y,
                             tuple(shapes[s][1:]))
     busy = sum(e[3] - e[2] for e in events)

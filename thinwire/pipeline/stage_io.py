@@ -14,6 +14,7 @@ import torch.distributed as dist
 from thinwire.pipeline.config import PipelineConfig, optimizer_args
 from thinwire.pipeline.stage import StageWorker
 
+OP_DOING = {"F": "in a forward", "B": "in a backward", "U": "in an update"}  # a note's words
 TAG_ACTIVATION, TAG_GRADIENT, TAG_EVAL = 1, 2, 3
 
 

@@ -24,6 +24,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from thinwire.peer_failure import noting
 from thinwire.pipeline import stage_io
 from thinwire.pipeline import ticktock as tt
 from thinwire.pipeline.config import DTYPES, PipelineConfig, Stream, build_stages, optimizer_args
@@ -61,45 +62,48 @@ def train_stage(cfg: PipelineConfig, ds) -> dict:
     dist.barrier()
     t_start, cpu_start = time.time(), time.process_time()
     for kind, i in ops:
-        if kind == "U":
-            tb = time.time()
-            exchange.finish_and_update()
-            events.append(("U", i, tb, time.time()))
-            continue
-        w = tt.wave_of(i, M)
-        p, worker = parts[w], workers[w]
-        if kind == "F":
-            if p == 0:
-                x = ds.train_x[stream.indices(i)].to(dtype)
-            else:
-                x = torch.empty(shapes[p], dtype=dtype)
-                dist.recv(x, tt.rank_of(p - 1, w, S), tag=TAGS[(w, "F")])
-            y = ds.train_y[stream.indices(i)] if p == S - 1 else None
-            tb = time.time()
-            out = worker.forward(i, x, y)
-            events.append(("F", i, tb, time.time()))
-            if p < S - 1:
-                sender.send(out, tt.rank_of(p + 1, w, S), TAGS[(w, "F")])
-        else:
-            if p == S - 1:
+        with noting(r, stage_io.OP_DOING[kind], i + 1, "micro-batch"):
+            if kind == "U":
                 tb = time.time()
-                g = worker.backward(i)
-            else:
-                grad = torch.empty(shapes[p + 1], dtype=dtype)
-                dist.recv(grad, tt.rank_of(p + 1, w, S), tag=TAGS[(w, "B")])
+                exchange.finish_and_update()
+                events.append(("U", i, tb, time.time()))
+                continue
+            w = tt.wave_of(i, M)
+            p, worker = parts[w], workers[w]
+            if kind == "F":
+                if p == 0:
+                    x = ds.train_x[stream.indices(i)].to(dtype)
+                else:
+                    x = torch.empty(shapes[p], dtype=dtype)
+                    dist.recv(x, tt.rank_of(p - 1, w, S), tag=TAGS[(w, "F")])
+                y = ds.train_y[stream.indices(i)] if p == S - 1 else None
                 tb = time.time()
-                g = worker.backward(i, grad)
-            events.append(("B", i, tb, time.time()))
-            if p > 0:
-                sender.send(g, tt.rank_of(p - 1, w, S), TAGS[(w, "B")])
-            exchange.start_if_done(w)
+                out = worker.forward(i, x, y)
+                events.append(("F", i, tb, time.time()))
+                if p < S - 1:
+                    sender.send(out, tt.rank_of(p + 1, w, S), TAGS[(w, "F")])
+            else:
+                if p == S - 1:
+                    tb = time.time()
+                    g = worker.backward(i)
+                else:
+                    grad = torch.empty(shapes[p + 1], dtype=dtype)
+                    dist.recv(grad, tt.rank_of(p + 1, w, S), tag=TAGS[(w, "B")])
+                    tb = time.time()
+                    g = worker.backward(i, grad)
+                events.append(("B", i, tb, time.time()))
+                if p > 0:
+                    sender.send(g, tt.rank_of(p - 1, w, S), TAGS[(w, "B")])
+                exchange.start_if_done(w)
     sender.wait_all()
     t_end, cpu_s = time.time(), time.process_time() - cpu_start
     log.info("rank %d (tick partition %d, tock partition %d): %d operations in %.2f s", r,
              parts[tt.TICK], parts[tt.TOCK], len(ops), t_end - t_start)
 
     tick = workers[tt.TICK]
-    accuracy = stage_io.evaluate(tick, r, S, ds.test_x.to(dtype), ds.test_y, tuple(shapes[r][1:]))
+    with noting(r, "evaluating", len(ops), "micro-batch"):
+        accuracy = stage_io.evaluate(tick, r, S, ds.test_x.to(dtype), ds.test_y,
+                                     tuple(shapes[r][1:]))
     losses = [wk for wk in workers.values() if wk.last and wk.loss_count]
     busy = sum(e[3] - e[2] for e in events)
     return {

@@ -9,11 +9,11 @@ from thinwire.cluster.cli import add_resource_options, resource_kwargs
 from thinwire.train.config import add_arguments, add_config_file, algorithm_options, from_args
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
+def _cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from thinwire.train.entry import enable_stack_dumps, train
 
     if args.config:  # the file's settings under the command line's: parse the options again
-        args = _with_config(args.argv)
+        args = _with_config(argv)
     enable_stack_dumps()  # `kill -USR1 PID` shows a rank's threads
     train(from_args(args))
     return 0
@@ -67,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_arguments(p)
     p.add_argument("--config", default=None, metavar="FILE",
                    help="JSON object of training settings (command-line options win)")
-    p.set_defaults(func=_cmd_train)
+    p.set_defaults(func=_cmd_train, takes_argv=True)
 
     from thinwire.train import workloads
 

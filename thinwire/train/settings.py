@@ -221,8 +221,9 @@ SETTINGS: tuple[Setting, ...] = (
       "time in seconds (0 = no budget)", low=0.0, metavar="SECONDS"),
     S("compute_probe_iters", int, 5, "steps timed without communication, for the "
       "communication share (0 = skip)", low=0),
-    S("collective_timeout_s", float, 1800.0, "seconds a collective waits for a peer before the "
-      "step fails on every surviving rank (the process groups' timeout; PyTorch's default)",
+    S("collective_timeout_s", float, 300.0, "seconds a collective waits for a peer before the "
+      "step fails on every surviving rank (the process groups' and torchft's timeout; "
+      "PyTorch's own default is 1800)",
       low=1.0, high=7 * 86400.0, flag="--collective-timeout", metavar="SECONDS"),
     S("ranks_per_node", int, None, "none: THINWIRE_RANKS_PER_NODE or torchrun's "
       "LOCAL_WORLD_SIZE", low=1, optional=True),
