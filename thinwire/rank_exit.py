@@ -28,8 +28,10 @@ def exit_rank(status: int | None = 0) -> NoReturn:
     interpreter's teardown. Only for a process whose work is done: a rank entry's last
     line, never library code that a user's process calls."""
     code = 0 if status is None else int(status)
-    # never cancelled: flushing below can block too (a full pipe), and os._exit ends it
-    watchdog = threading.Timer(_handlers_limit_s(), _give_up, args=(code,))
+    # never cancelled: flushing below can block too (a full pipe), and os._exit ends it. After
+    # a failure the handlers are a courtesy: a peer they might wait on is likely gone
+    limit = _handlers_limit_s() if code == 0 else min(_handlers_limit_s(), FAILED_LIMIT_S)
+    watchdog = threading.Timer(limit, _give_up, args=(code, limit))
     watchdog.daemon = True
     watchdog.start()
     try:
@@ -45,6 +47,12 @@ def exit_rank(status: int | None = 0) -> NoReturn:
 
 
 EXIT_HANDLERS_LIMIT_S = 60.0
+FAILED_LIMIT_S = 10.0
+# Exceptions a failed rank reported, kept until the process ends: releasing one frees its
+# traceback's frames and with them the failed step's DDP model, whose C++ teardown can block
+# on the peer that is gone (seen: a frozen-peer DiLoCo survivor printed its line, then sat in
+# that teardown at the end of the `except` block for over a minute).
+_REPORTED: list = []
 
 
 def _handlers_limit_s() -> float:
@@ -56,7 +64,7 @@ def _handlers_limit_s() -> float:
     return limit if 0 < limit < float("inf") else EXIT_HANDLERS_LIMIT_S
 
 
-def _give_up(code: int) -> None:
+def _give_up(code: int, limit: float) -> None:
     """The exit handlers did not finish (one waited on a peer that is gone: seen once in ~20
     frozen-peer DiLoCo runs): say so with every thread's stack, and end anyway. A rank that
     has finished its work must not hang."""
@@ -64,7 +72,7 @@ def _give_up(code: int) -> None:
 
     try:
         sys.stderr.write(f"thinwire: the exit handlers were still running after "
-                         f"{_handlers_limit_s():g} s; ending the process (their stacks follow)\n")
+                         f"{limit:g} s; ending the process (their stacks follow)\n")
         sys.stderr.flush()
         faulthandler.dump_traceback(all_threads=True)
     finally:
@@ -83,6 +91,8 @@ def failure_status(exc: Exception, command: str, rank_process: bool = True) -> i
     if isinstance(exc, (ValueError, TypeError, FileNotFoundError)):
         print(f"{command}: error: {exc}", file=sys.stderr)
         return 2
+    if rank_process:
+        _REPORTED.append(exc)
     if peer_failure.is_lost_peer(exc):
         line = peer_failure.describe(exc, _rank()) if rank_process else \
             str(exc).strip().splitlines()[0]

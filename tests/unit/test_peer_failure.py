@@ -76,7 +76,12 @@ def test_noting_adds_the_loops_note_and_reraises():
 
 def test_failure_status(capsys, monkeypatch):
     monkeypatch.setenv("RANK", "1")
-    assert failure_status(RuntimeError(GLOO_TIMEOUT), "thinwire train") == 1
+    lost = RuntimeError(GLOO_TIMEOUT)
+    assert failure_status(lost, "thinwire train") == 1
+    # kept alive until the process ends: freeing its traceback could tear the failed model
+    # down on a dead peer
+    from thinwire import rank_exit
+    assert rank_exit._REPORTED[-1] is lost
     err = capsys.readouterr().err
     assert err.splitlines() == ["thinwire train: error: rank 1 lost a peer in a collective: "
                                 "Timed out waiting 10000ms for recv operation to complete"]
