@@ -1,8 +1,8 @@
 """Healing a replica from a live peer without unpickling the peer's bytes.
 
 torchft's two checkpoint transports hand a joining replica the state of a peer that an
-unauthenticated quorum names: the HTTP one (its default) loads it with
-``torch.load(weights_only=False)`` and serves it from a server bound to every interface; the
+unauthenticated quorum names: the HTTP one (its default) unpickles it (``torch.load`` with
+``weights_only`` off) and serves it from a server bound to every interface; the
 process-group one sends its structure with ``pickle``. Either way a peer that lies runs code
 on the replica that trusts it.
 
