@@ -154,20 +154,3 @@ def apply_help_formatter(parser: argparse.ArgumentParser) -> None:
             for sub in action.choices.values():
                 apply_help_formatter(sub)
 
-
-def checked_as_flags(build, fields, renames: dict[str, str] | None = None):
-    """``build()`` (a config object whose checks name its fields, e.g. ``node_memory must
-    be ...``), with a ValueError re-raised under the command-line flag the user typed
-    (``--node-memory must be ...``): the same check, said in the user's words. ``fields``:
-    the config's field names; ``renames``: fields whose flag is not ``--`` + the name with
-    dashes (``failure_schedule`` is ``--fail``)."""
-    try:
-        return build()
-    except ValueError as exc:
-        message = str(exc)
-        for field in sorted(fields, key=len, reverse=True):
-            if message.startswith(field) and not message[len(field):][:1].isalnum() \
-                    and message[len(field):][:1] != "_":
-                flag = (renames or {}).get(field, "--" + field.replace("_", "-"))
-                raise ValueError(flag + message[len(field):]) from None
-        raise

@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import sys
 
-from thinwire.cliargs import checked_as_flags
+from thinwire.options import checked_as_flags
 from thinwire.cluster.accounting import NodeOutOfMemory
 from thinwire.cluster.cgroups import CgroupsUnavailable
 from thinwire.cluster.launch import EXIT_OOM

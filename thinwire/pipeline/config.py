@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from thinwire.cliargs import checked_as_flags
+from thinwire.options import checked_as_flags
 from thinwire.pipeline import schedules, split
 
 DATASETS = ("digits", "mnist5k")
