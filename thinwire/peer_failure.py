@@ -84,9 +84,8 @@ def _looks_lost(link: BaseException) -> bool:
 def _reason(exc: BaseException) -> str:
     """The innermost lost-peer cause in a few words: gloo's message without its source
     location, its boilerplate and DDP's wrapper."""
-    lost = [link for link in _chain(exc) if _looks_lost(link)] or [exc]
-    text = str(lost[-1]).strip().splitlines()[0] if str(lost[-1]).strip() else \
-        type(lost[-1]).__name__
+    cause = ([link for link in _chain(exc) if _looks_lost(link)] or [exc])[-1]
+    text = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
     while True:  # DDP wraps once per callback level: "Got the following error ... Got ..."
         stripped = _WRAPPER.sub("", _SOURCE.sub("", text), count=1)
         if stripped == text:
