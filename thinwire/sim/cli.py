@@ -197,9 +197,17 @@ def _print_simulation(result: dict) -> None:
 
 def _print_calibration(result: dict) -> None:
     f = result["fitted"]
-    print("fitted: " + ", ".join(f"{k}={v:.4g}" for k, v in f.items() if k != "compute_s_per_setting")
+    print("fitted: " + ", ".join(f"{k}={v:.4g}" for k, v in f.items()
+                                 if isinstance(v, float))
           + f", compute_s per setting={[round(v, 4) for v in f['compute_s_per_setting']]}"
           + f", overlap={result['overlap']}")
+    extras = {k: round(1e3 * v, 1) for k, v in f.get("step_extra_s", {}).items() if v}
+    if extras:
+        print(f"fixed cost per step beyond the modelled phases (ms): {extras}")
+    scaled = {r["algorithm"]: round(r["scale"], 2) for r in f.get("bytes_scale", [])
+              if abs(r["scale"] - 1) > 0.05}
+    if scaled:
+        print(f"measured / modelled inter-node bytes: {scaled}")
     rows = [{"algorithm": r["algorithm"], "nodes": r["nodes"], "ranks/node": r["ranks_per_node"],
              "measured_ms": 1e3 * r["measured_s"], "predicted_ms": 1e3 * r["predicted_s"],
              "error_%": 100 * r["error"]} for r in result["runs"]]

@@ -31,7 +31,7 @@ import statistics
 from collections import defaultdict
 
 from thinwire.sim.calibrate import (Run, rate_bps, setting_key, fit, mode_name, overlap_modes,
-                                    predict, read_runs)
+                                    predict, read_runs, scales_json)
 
 COMPUTE_SOURCES = ("calibrated", "probe")
 REPEATS = ("each", "median")
@@ -132,7 +132,9 @@ def holdout(paths, calibrate_at: str, overlap: str = "hooks", repeats: str = "ea
     sensitivity = _sensitivity(params, train, kept, fitted_compute, mode)
     return {"calibrate_at": calibrate_at, "calibrate_at_bps": rate, "repeats": repeats,
             "overlap": mode_name(mode), "phase_form": form, "sum_sq_residuals": sse,
-            "fitted": {k: (list(map(float, v)) if k == "compute_s" else float(v))
+            "fitted": {k: (list(map(float, v)) if k == "compute_s"
+                           else scales_json(v) if k == "bytes_scale"
+                           else dict(v) if k == "step_extra_s" else float(v))
                        for k, v in params.items() if k != "phase_form"},
             "in_sample_max_abs_error": max(in_sample), "held_out": rows,
             "rows": [{"algorithm": name, "calibrate_at": calibrate_at, "phase_form": form,
