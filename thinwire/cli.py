@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "thinwire.cluster.cli",
     "thinwire.train.cli",
     "thinwire.sim.cli",
+    "thinwire.sim.plan_cli",
     "thinwire.data.cli",
     "thinwire.recsys.cli",
     "thinwire.train.pipeline.cli",

@@ -345,6 +345,32 @@ def bytes_scales(runs: list[Run]) -> dict:
             for key, values in ratios.items()}
 
 
+def bytes_scale_of(params: dict, run: Run) -> float:
+    """``run``'s measured/modelled bytes: its own setting's, else the median of its
+    algorithm's other settings' (another density or cluster frames its bytes alike), else 1."""
+    scales = params.get("bytes_scale", {})
+    if bytes_key(run) in scales:
+        return scales[bytes_key(run)]
+    same = [value for key, value in scales.items() if key[0] == run.algorithm]
+    return float(statistics.median(same)) if same else 1.0
+
+
+def predict_diloco(run: Run, params: dict, sync_every: int, outer: str) -> dict:
+    """DiLoCo's mean inner step for ``run``'s cluster, model and link under the fitted
+    parameters: DDP inside each node every step, ``outer`` across nodes every ``sync_every``
+    steps (:func:`thinwire.sim.diloco.simulate_diloco`)."""
+    from thinwire.sim.diloco import simulate_diloco
+
+    compute_s = params["compute_s"][run.setting_index]
+    slowdown = compute_s / params.get("reference_compute_s", min(params["compute_s"]))
+    rate = params["sparse_rate"] / slowdown
+    rates = SparseRates(rate, rate, params["sparse_alpha_s"] * slowdown)
+    cfg = AlgorithmConfig(outer, density=run.density, wire=run.wire)
+    return simulate_diloco(_timed(run.layers, compute_s), Cluster(run.nodes, run.ranks_per_node),
+                           network_for(params, run.inter_bps), cfg, rates,
+                           sync_every=sync_every)
+
+
 def _modelled_inter_mb(run: Run) -> float:
     """The model's inter-node MB per step of ``run`` (volumes do not depend on the fit)."""
     params = dict(zip(FIT_NAMES, START), compute_s=[1.0], phase_form="sum")
@@ -360,8 +386,7 @@ def predict(run: Run, params: dict, overlap: bool | str = True) -> dict:
     rate = params["sparse_rate"] / slowdown
     rates = SparseRates(rate, rate, params["sparse_alpha_s"] * slowdown)
     layers = _timed(run.layers, compute_s)
-    scale = params.get("bytes_scale", {}).get(bytes_key(run), 1.0)
-    net = network_for(params, run.inter_bps, scale)
+    net = network_for(params, run.inter_bps, bytes_scale_of(params, run))
     if run.modelled_as == "powersgd":  # never overlaps: the hook waits for each bucket on gloo
         row = powersgd.simulate(layers, run.shapes, Cluster(run.nodes, run.ranks_per_node),
                                 net, run.powersgd_rank,
@@ -485,8 +510,7 @@ def wire_share(run: Run, params: dict, overlap) -> float:
     if run.inter_bps is None:
         return 0.0
     row = predict(run, params, overlap)
-    scale = params.get("bytes_scale", {}).get(bytes_key(run), 1.0)
-    wire_s = row["inter_node_mb_per_iter"] * 1e6 * scale \
+    wire_s = row["inter_node_mb_per_iter"] * 1e6 * bytes_scale_of(params, run) \
         / (params["inter_efficiency"] * run.inter_bps / 8)
     return wire_s / run.iteration_s
 

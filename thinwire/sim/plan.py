@@ -1,0 +1,300 @@
+"""`thinwire plan`'s ranking: every candidate's predicted time to target on a described cluster.
+
+    time to target = steps to target (measured once per workload: thinwire.sim.steps)
+                     x step time (the calibrated cost model at the cluster's link rate)
+
+Candidates are the registry's (every per-step algorithm, PowerSGD at several ranks, the dense
+all-reduces at each wire precision, the sparse ones at several densities, DiLoCo at several H)
+plus every configuration the steps files measured. A candidate whose steps were never measured
+gets a step time and no time to target: it is listed, never ranked on a guess, and the command
+that would measure it is printed.
+
+The break-even rate is where the fastest compressed candidate (sparse, low-rank, DiLoCo) and the
+fastest dense one (every gradient entry every step: DDP, the all-reduces at any wire precision)
+reach the target at the same time: below it compression pays for this model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from thinwire import collectives
+from thinwire.sim import powersgd
+from thinwire.sim.calibrate import (ALGORITHM_ALIASES, Run, fit, mode_name, overlap_modes,
+                                    predict, predict_diloco, rate_bps, read_runs)
+from thinwire.sim.steps import Candidate, candidate_of, entries_for, read_table
+from thinwire.train import modes, settings as train_settings
+from thinwire.train.compare import CompareSettings
+
+DENSITIES = (0.01, 0.02, 0.05, 0.1)
+DENSE_WIRES = ("none", "fp16", "bf16")
+POWERSGD_RANKS = (1, 2, 4, 8)
+DILOCO_H = (8, 32, 128)
+DENSE = ("ddp", "ddp-fp16", "allreduce", "hier_allreduce")  # every entry, every step
+BREAK_EVEN_RANGE_BPS = (1e6, 1e11)  # 1 Mbit/s .. 100 Gbit/s
+# settings a run of `thinwire train` is given on the command line (the others are compare's
+# per-run bookkeeping: metrics, summaries, targets, progress)
+COMMAND_CONCERNS = ("model", "sync", "optim", "diloco", "waves")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The described cluster and what the plan is for."""
+    workload: str
+    nodes: int
+    ranks_per_node: int
+    inter_bps: float | None  # None: unshaped (the emulator's loopback)
+    compute_s: float         # forward + backward + step, per step, without communication
+
+
+def grid(workload: str, nodes: int, ranks_per_node: int, measured=()) -> dict:
+    """{Candidate: TrainConfig} for the registry's candidates and the ``measured`` ones."""
+    def config(algorithm, **train):
+        race = CompareSettings(workload=workload, nodes=nodes, ranks_per_node=ranks_per_node,
+                               algorithms=[algorithm], train=train)
+        cfg = race.run_config(algorithm).validate()
+        return candidate_of(cfg), cfg
+
+    wanted = [("ddp", {}), ("ddp-fp16", {})]
+    wanted += [("powersgd", {"powersgd_rank": r}) for r in POWERSGD_RANKS]
+    wanted += [(name, {"wire": w}) for name in ("allreduce", "hier_allreduce")
+               for w in DENSE_WIRES]
+    wanted += [(name, {"density": d}) for name in collectives.sparse_names() for d in DENSITIES]
+    wanted += [("diloco", {"sync_every": h}) for h in DILOCO_H]
+    found = {}
+    for algorithm, train in wanted:
+        cand, cfg = config(algorithm, **train)
+        found.setdefault(cand, cfg)
+    for cand in measured:
+        if cand not in found:
+            found[cand] = config(cand.algorithm, **cand.settings)[1]
+    return found
+
+
+def run_for(cfg, setting: Setting, layers_key: str, layers: list, index: int) -> Run:
+    """The calibration's Run for a candidate's config on the described cluster."""
+    modelled, wire = ALGORITHM_ALIASES.get(cfg.algorithm, (cfg.algorithm, cfg.wire))
+    shapes = None
+    if modelled == "powersgd":
+        shapes = tuple(powersgd.parameter_shapes(cfg.model) or ()) or None
+    sparse_wire = cfg.sparse_wire if cfg.algorithm in collectives.sparse_wire_names() else "fp32"
+    return Run("plan", cfg.algorithm, modelled, setting.nodes, setting.ranks_per_node,
+               setting.inter_bps, layers_key, layers, float(cfg.density),
+               None if wire in (None, "none") else wire, 1.0, setting_index=index,
+               shapes=shapes, powersgd_rank=int(cfg.powersgd_rank), sparse_wire=sparse_wire)
+
+
+def step_time(cfg, setting: Setting, params: dict, layers_key: str, layers: list,
+              overlap) -> dict:
+    """The cost model's step of ``cfg`` on the described cluster."""
+    extended = dict(params, compute_s=list(params["compute_s"]) + [setting.compute_s],
+                    reference_compute_s=min(params["compute_s"]))
+    run = run_for(cfg, setting, layers_key, layers, len(params["compute_s"]))
+    if not modes.mode_of(cfg.algorithm).per_step:  # DiLoCo: an outer step every H
+        return predict_diloco(run, extended, cfg.sync_every, cfg.outer_algorithm)
+    return predict(run, extended, overlap)
+
+
+def dense_warmup(cfg) -> tuple[int, object | None]:
+    """(steps, the dense config they run as) before ``cfg`` compresses: PowerSGD all-reduces
+    its first --powersgd-start-iter steps as DDP does; a sparse algorithm its first
+    --dense-warmup-steps with its own wire. At 50 Mbit/s PowerSGD's 2 dense MNIST steps took
+    7.4 of its 16.7 s to target."""
+    if cfg.algorithm == "powersgd" and cfg.powersgd_start_iter:
+        return cfg.powersgd_start_iter, dataclasses.replace(cfg, algorithm="ddp")
+    if cfg.algorithm in collectives.sparse_names() and cfg.dense_warmup_steps:
+        return cfg.dense_warmup_steps, dataclasses.replace(cfg, algorithm="allreduce")
+    return 0, None
+
+
+def time_to_target(cfg, steps: float, setting: Setting, params: dict, layers_key: str,
+                   layers: list, overlap) -> tuple[float, float]:
+    """(predicted seconds to target, the compressed step's seconds)."""
+    step = step_time(cfg, setting, params, layers_key, layers, overlap)["iteration_s"]
+    warm, dense = dense_warmup(cfg)
+    warm = min(warm, steps)
+    dense_s = step_time(dense, setting, params, layers_key, layers, overlap)["iteration_s"] \
+        if warm else 0.0
+    return warm * dense_s + (steps - warm) * step, step
+
+
+def rank(setting: Setting, params: dict, overlap, layers_key: str, layers: list,
+         entries: dict) -> list[dict]:
+    """One row per candidate, those with measured steps first by predicted time to target."""
+    rows = []
+    for cand, cfg in grid(setting.workload, setting.nodes, setting.ranks_per_node,
+                          entries).items():
+        row = step_time(cfg, setting, params, layers_key, layers, overlap)
+        entry = entries.get(cand)
+        steps = entry.estimate if entry is not None else None
+        ttt = None if steps is None else \
+            time_to_target(cfg, steps, setting, params, layers_key, layers, overlap)[0]
+        rows.append({
+            "candidate": cand.label(), "algorithm": cand.algorithm,
+            "settings": cand.settings, "kind": "dense" if cand.algorithm in DENSE and not
+            any(k == "density" for k, _ in cand.options) else "compressed",
+            "step_s": row["iteration_s"], "inter_node_mb_per_step": row["inter_node_mb_per_iter"],
+            "steps": steps, "steps_spread": entry.spread if entry is not None else None,
+            "time_to_target_s": ttt, "dense_warmup_steps": dense_warmup(cfg)[0],
+            "measured_missed_at": entry.missed if entry is not None and steps is None else None,
+            "command": command(cfg, setting),
+        })
+    rows.sort(key=lambda r: (r["time_to_target_s"] is None,
+                             r["time_to_target_s"] or r["step_s"]))
+    best = rows[0]["time_to_target_s"] if rows else None
+    for r in rows:
+        r["vs_best"] = (r["time_to_target_s"] / best
+                        if best and r["time_to_target_s"] is not None else None)
+    return rows
+
+
+def command(cfg, setting: Setting) -> dict:
+    """How to run a candidate: on the emulated cluster (compare) and on a real one (torchrun,
+    with the settings that differ from thinwire train's defaults)."""
+    flags = []
+    for s in train_settings.SETTINGS:
+        value = getattr(cfg, s.name)
+        if s.concern not in COMMAND_CONCERNS or value is None or \
+                (value == s.default and s.name != "algorithm"):
+            continue
+        if s.applies is not None and not s.applies(cfg):
+            continue
+        flags += [s.cli_flag] if s.type is bool else [s.cli_flag, str(value)]
+    rate = "none" if setting.inter_bps is None else rate_text(setting.inter_bps)
+    own = [(s.cli_flag, str(getattr(cfg, s.name))) for s in train_settings.SETTINGS
+           if s.concern in ("sync", "diloco") and s.name != "algorithm"
+           and getattr(cfg, s.name) != s.default and (s.applies is None or s.applies(cfg))]
+    compare = (f"thinwire compare --workload {setting.workload} --algorithms {cfg.algorithm} "
+               f"--nodes {setting.nodes} --ranks-per-node {setting.ranks_per_node} "
+               f"--inter-node-bandwidth {rate} "
+               + " ".join(f"{flag} {value}" for flag, value in own) + " --out results/plan")
+    train = (f"torchrun --nnodes {setting.nodes} --nproc-per-node {setting.ranks_per_node} "
+             f"--rdzv-backend c10d --rdzv-endpoint HOST:29500 -m thinwire.train "
+             + " ".join(flags) + f" --ranks-per-node {setting.ranks_per_node}")
+    return {"compare": " ".join(compare.split()), "train": " ".join(train.split())}
+
+
+def rate_text(bps: float) -> str:
+    """A rate as the emulator's options spell it (1e9 -> 1gbit, 2.5e8 -> 250mbit)."""
+    return f"{bps / 1e9:g}gbit" if bps >= 1e9 and bps % 1e9 == 0 else f"{bps / 1e6:g}mbit"
+
+
+def break_even(setting: Setting, params: dict, overlap, layers_key: str, layers: list,
+               entries: dict) -> dict:
+    """The link rate below which the fastest compressed candidate with measured steps reaches
+    the target before the fastest dense one (bisection on a log scale)."""
+    configs = {c: cfg for c, cfg in grid(setting.workload, setting.nodes,
+                                          setting.ranks_per_node, entries).items()
+               if c in entries and entries[c].estimate is not None}
+    dense = {c: cfg for c, cfg in configs.items() if c.algorithm in DENSE}
+    compressed = {c: cfg for c, cfg in configs.items() if c not in dense}
+    if not dense or not compressed:
+        return {"bps": None, "note": "needs measured steps of a dense and a compressed "
+                                     "candidate"}
+
+    def best(group, bps):
+        at = dataclasses.replace(setting, inter_bps=bps)
+        return min(time_to_target(cfg, entries[c].estimate, at, params, layers_key, layers,
+                                  overlap)[0] for c, cfg in group.items())
+
+    def gap(bps):  # > 0: compression wins
+        return math.log(best(dense, bps) / best(compressed, bps))
+
+    lo, hi = (math.log(b) for b in BREAK_EVEN_RANGE_BPS)
+    points = [lo + (hi - lo) * i / 24 for i in range(25)]
+    signs = [gap(math.exp(p)) > 0 for p in points]
+    if all(signs):
+        return {"bps": None, "note": "compression is predicted faster at every rate from "
+                                     "1 Mbit/s to 100 Gbit/s"}
+    if not any(signs):
+        return {"bps": None, "note": "a dense all-reduce is predicted faster at every rate "
+                                     "from 1 Mbit/s to 100 Gbit/s"}
+    i = next(i for i in range(len(signs) - 1) if signs[i] != signs[i + 1])
+    a, b = points[i], points[i + 1]
+    for _ in range(30):
+        mid = (a + b) / 2
+        if (gap(math.exp(mid)) > 0) == signs[i]:
+            a = mid
+        else:
+            b = mid
+    bps = math.exp((a + b) / 2)
+    below = "compressed" if signs[i] else "dense"
+    above = "dense" if below == "compressed" else "compressed"
+    return {"bps": bps, "below": below, "note": f"below {bps / 1e6:.0f} Mbit/s the fastest "
+                                                f"candidate is {below}, above it {above}"}
+
+
+def calibrated(paths, calibrate_at: str | None, form: str, overlap: str = "hooks") -> tuple:
+    """(params, overlap mode, the calibration runs) fitted on ``paths`` (at one rate)."""
+    runs, _ = read_runs(paths)
+    if calibrate_at is not None:
+        rate = rate_bps(calibrate_at)
+        runs = [r for r in runs if r.inter_bps == rate]
+        if not runs:
+            raise ValueError(f"--calibrate-at {calibrate_at}: no calibration run at that rate")
+        keys = sorted({(r.nodes, r.ranks_per_node, r.inter_bps or 0.0, r.layers_key)
+                       for r in runs})
+        runs = [dataclasses.replace(r, setting_index=keys.index(
+            (r.nodes, r.ranks_per_node, r.inter_bps or 0.0, r.layers_key))) for r in runs]
+    fits = [(fit(runs, mode, form), mode) for mode in overlap_modes(overlap)]
+    (params, _), mode = min(fits, key=lambda item: item[0][1])
+    return params, mode, runs
+
+
+def fitted_compute(params: dict, runs: list, nodes: int, ranks_per_node: int) -> float | None:
+    """The calibration's compute per step on this cluster (the median over its rates)."""
+    values = sorted(params["compute_s"][r.setting_index] for r in runs
+                    if (r.nodes, r.ranks_per_node) == (nodes, ranks_per_node))
+    return values[len(values) // 2] if values else None
+
+
+def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
+              ranks_per_node: int | None, rates: list, compute_ms: float | None = None,
+              calibrate_at: str | None = None, form: str = "max") -> dict:
+    params, mode, runs = calibrated(calibration, calibrate_at, form)
+    table, notes = read_table(steps_files)
+    workloads_seen = sorted({w.workload for w in table})
+    workload = workload or (workloads_seen[0] if len(workloads_seen) == 1 else None)
+    if workload is None:
+        raise ValueError(f"--workload: the steps files hold {workloads_seen or 'no runs'}; "
+                         f"name one")
+    nodes = nodes or runs[0].nodes
+    ranks_per_node = ranks_per_node or runs[0].ranks_per_node
+    work, entries = entries_for(table, workload, nodes, ranks_per_node)
+    model = dict(work.training)["model"]
+    layers = next((r for r in runs if r.layers_key == model), None)
+    if layers is None:
+        raise ValueError(f"the calibration runs hold no run of model {model!r} (the steps "
+                         f"files' {workload}); calibrate on a race of that workload")
+    if compute_ms is not None:
+        compute_s = compute_ms / 1e3
+    else:
+        compute_s = fitted_compute(params, [r for r in runs if r.layers_key == model], nodes,
+                                   ranks_per_node)
+        if compute_s is None:
+            raise ValueError(f"--compute-ms: the calibration has no run on {nodes} x "
+                             f"{ranks_per_node}; give the compute time per step measured there")
+    plans = []
+    for rate in rates:
+        setting = Setting(workload, nodes, ranks_per_node, rate_bps(rate), compute_s)
+        rows = rank(setting, params, mode, model, layers.layers, entries)
+        plans.append({"rate": rate, "inter_node_bps": setting.inter_bps, "rows": rows,
+                      "best": next((r for r in rows if r["time_to_target_s"] is not None),
+                                   None)})
+    setting = Setting(workload, nodes, ranks_per_node, None, compute_s)
+    return {
+        "workload": work.describe(), "training": dict(work.training),
+        "nodes": nodes, "ranks_per_node": ranks_per_node, "compute_s": compute_s,
+        "phase_form": form, "overlap": mode_name(mode), "calibrate_at": calibrate_at,
+        "calibration": [str(p) for p in calibration], "steps_from": [str(p) for p in steps_files],
+        "steps_spread_over_seeds": _spread(entries.values()),
+        "break_even": break_even(setting, params, mode, model, layers.layers, entries),
+        "plans": plans, "notes": notes,
+    }
+
+
+def _spread(entries) -> float | None:
+    from thinwire.sim.steps import merged_spread
+    return merged_spread(entries)

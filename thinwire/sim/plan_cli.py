@@ -1,0 +1,108 @@
+r"""`thinwire plan`: what to run on a cluster, ranked by predicted time to target.
+
+    thinwire plan --calibrate results/sweep/mnist/results.json --calibrate-at 200mbit \
+        --inter-node-bandwidth 100mbit --json results/plan.json
+
+The step time of every candidate comes from the cost model calibrated on measured runs
+(``--calibrate``: thinwire compare results, or any file `thinwire simulate --calibrate` reads);
+its steps to target from a race of the same workload (``--steps-from``, default the
+calibration files; an unshaped race measures them fastest, and races with other --seed values
+measure their spread). See thinwire.sim.plan for what is ranked and how.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from thinwire.cliargs import integer, number
+from thinwire.collectives import costs
+from thinwire.output import check_output_path, format_table, write_json_atomic
+from thinwire.sim.network import PHASE_FORMS
+
+SHOWN_UNMEASURED = 6  # candidates without measured steps printed below the ranking
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "plan", help="rank every candidate by predicted time to target on a described cluster",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--calibrate", nargs="+", required=True, metavar="RESULTS_JSON",
+                   help="measured runs the cost model is fitted on")
+    p.add_argument("--calibrate-at", default=None, metavar="RATE",
+                   help="fit on the runs at this link rate only (default: all)")
+    p.add_argument("--steps-from", nargs="+", default=None, metavar="RESULTS_JSON",
+                   help="thinwire compare results measuring steps to target (default: "
+                        "the --calibrate files)")
+    p.add_argument("--workload", default=None,
+                   help="the workload of the steps files to plan for (default: their only one)")
+    p.add_argument("--nodes", type=integer(1, costs.MAX_NODES), default=None,
+                   help="nodes of the cluster (default: the calibration's)")
+    p.add_argument("--ranks-per-node", type=integer(1, costs.MAX_RANKS_PER_NODE), default=None,
+                   help="ranks (GPUs) per node (default: the calibration's)")
+    p.add_argument("--inter-node-bandwidth", nargs="+", required=True, metavar="RATE",
+                   help="the cluster's inter-node rate(s), e.g. 100mbit 10gbit ('none': "
+                        "unshaped); one ranking per rate")
+    p.add_argument("--compute-ms", type=number(0, 1e7, low_open=True), default=None,
+                   help="compute per step (forward, backward, step) measured on the cluster "
+                        "(default: the calibration's, for the same cluster shape)")
+    p.add_argument("--phase-form", default="max", choices=PHASE_FORMS,
+                   help="how a phase's fixed cost and wire time combine (thinwire simulate)")
+    p.add_argument("--json", default=None, help="write the plan here")
+    p.set_defaults(func=main)
+
+
+def _rates(values: list[str]) -> list[str]:
+    from thinwire.sim.calibrate import rate_bps
+
+    rates = [r for v in values for r in v.split(",") if r.strip()]
+    for rate in rates:
+        rate_bps(rate)  # a clear error naming --inter-node-bandwidth's value
+    return rates
+
+
+def _print(plan: dict) -> None:
+    spread = plan["steps_spread_over_seeds"]
+    print(f"{plan['workload']}: compute {1e3 * plan['compute_s']:.1f} ms a step; steps to "
+          f"target from {', '.join(plan['steps_from'])}"
+          + (f" (spread over seeds up to {100 * spread:.0f}%)" if spread is not None
+             else " (one seed: its spread is not measured)"))
+    for one in plan["plans"]:
+        ranked = [r for r in one["rows"] if r["time_to_target_s"] is not None]
+        unmeasured = [r for r in one["rows"] if r["time_to_target_s"] is None]
+        print(f"\nat {one['rate']}:")
+        rows = [{"#": i + 1, "candidate": r["candidate"], "step_ms": 1e3 * r["step_s"],
+                 "steps": r["steps"], "to_target_s": r["time_to_target_s"],
+                 "vs_best": r["vs_best"], "inter_MB/step": r["inter_node_mb_per_step"]}
+                for i, r in enumerate(ranked)]
+        if rows:
+            print(format_table(rows, rows[0].keys()))
+        if unmeasured:
+            shown = sorted(unmeasured, key=lambda r: r["step_s"])[:SHOWN_UNMEASURED]
+            print(f"not ranked (steps to target never measured; {len(unmeasured)} in all, "
+                  f"fastest steps first): "
+                  + "; ".join(f"{r['candidate']} {1e3 * r['step_s']:.0f} ms/step"
+                              for r in shown))
+        if one["best"] is not None:
+            print(f"best: {one['best']['candidate']}\n  emulated: {one['best']['command']['compare']}"
+                  f"\n  cluster:  {one['best']['command']['train']}")
+    print(f"\nbreak-even: {plan['break_even']['note']}")
+    for note in plan["notes"]:
+        print(f"left out: {note}")
+
+
+def main(args) -> int:
+    check_output_path(args.json, "--json")  # before the work
+    for path in args.calibrate + (args.steps_from or []):
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"plan input not found: {path}")
+    from thinwire.sim.plan import make_plan
+
+    plan = make_plan(args.calibrate, args.steps_from or args.calibrate, args.workload,
+                     args.nodes, args.ranks_per_node, _rates(args.inter_node_bandwidth),
+                     args.compute_ms, args.calibrate_at, args.phase_form)
+    _print(plan)
+    if args.json:
+        write_json_atomic(args.json, plan)
+        print(f"json: {args.json}")
+    return 0

@@ -1,0 +1,196 @@
+"""Steps to target, measured once per workload: the table `thinwire plan` multiplies by the cost
+model's step time.
+
+A run's steps to target do not depend on the link it ran over: the same configuration trains
+the same way at 50 Mbit/s and unshaped (on the MNIST sweep every algorithm took the same steps
+at all three rates). So any ``thinwire compare`` results file is a table of steps to target -
+the fastest to measure is an unshaped race (``--inter-node-bandwidth none``) - and repeating a
+race with other ``--seed`` values measures the estimate's error: the spread of a candidate's
+steps over seeds, reported beside it. Steps are read from a run's evaluation curve (the first
+evaluation at or past the target), so they are late by at most one evaluation interval.
+
+A candidate is identified by its algorithm and the synchronisation settings that apply to it
+(density, wires, selector, PowerSGD's rank, DiLoCo's H, ...), within one workload: the model,
+its batch per rank, learning rate, optimizer, target and the cluster's shape (hierarchical
+algorithms select per node, so 2 x 2 and 4 x 1 are measured apart).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from thinwire.output import read_json
+from thinwire.train import quality, settings, workloads
+from thinwire.train.compare import TRAIN_FIELDS, CompareSettings
+
+# The settings that can change how many steps a run needs (what it sends and how it steps);
+# the others (checkpoints, logging, timeouts) cannot.
+IDENTITY_CONCERNS = ("sync", "diloco", "waves")
+WORKLOAD_FIELDS = ("model", "batch_size", "lr", "optimizer", "momentum", "weight_decay",
+                   "epochs", "amp", "warmup_steps")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a steps table is valid for."""
+    workload: str
+    metric: str
+    target: float
+    nodes: int
+    ranks_per_node: int
+    training: tuple  # ((name, value), ...) of WORKLOAD_FIELDS
+
+    def describe(self) -> str:
+        return (f"{self.workload} ({self.metric} to {self.target:g}) on {self.nodes} x "
+                f"{self.ranks_per_node}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An algorithm with the synchronisation settings that apply to it."""
+    algorithm: str
+    options: tuple = ()  # ((setting name, value), ...) that apply and differ from the default
+
+    @property
+    def settings(self) -> dict:
+        return dict(self.options)
+
+    def label(self) -> str:
+        short = {"density": "d", "sparse_wire": "values", "wire": "wire", "selector": "",
+                 "powersgd_rank": "rank", "sync_every": "H", "outer_algorithm": "outer"}
+        parts = [f"{short.get(k, k)}={v}" if short.get(k, k) else str(v)
+                 for k, v in self.options]
+        return " ".join([self.algorithm] + parts)
+
+
+@dataclass
+class Entry:
+    candidate: Candidate
+    steps: list = field(default_factory=list)    # steps to target, one per run that reached it
+    missed: list = field(default_factory=list)   # steps of runs that ended before the target
+    seeds: set = field(default_factory=set)
+    sources: list = field(default_factory=list)
+    eval_every: int = 0
+
+    @property
+    def estimate(self) -> float | None:
+        return float(statistics.median(self.steps)) if self.steps else None
+
+    @property
+    def spread(self) -> float | None:
+        """(max - min) / median of the steps over the runs that reached the target: the
+        estimate's error as the seeds measured it (0 with one seed)."""
+        if not self.steps:
+            return None
+        return (max(self.steps) - min(self.steps)) / statistics.median(self.steps)
+
+    def row(self) -> dict:
+        return {"candidate": self.candidate.label(), "algorithm": self.candidate.algorithm,
+                "settings": self.candidate.settings, "steps": self.estimate,
+                "steps_seen": sorted(self.steps), "spread": self.spread,
+                "seeds": sorted(self.seeds), "missed_at": sorted(self.missed),
+                "resolution_steps": self.eval_every}
+
+
+def run_config(setting: dict, raw: dict):
+    """The TrainConfig compare ran ``raw`` with (its race's ``setting`` and its own keys)."""
+    merged = {**setting, **(raw.get("setting") or {}), **raw}
+    workload = merged.get("workload")
+    if workload not in workloads.WORKLOADS:
+        raise ValueError(f"not a thinwire compare run (workload {workload!r})")
+    base = CompareSettings(workload=workload).base_config()
+    train = {name: merged[name] for name in TRAIN_FIELDS
+             if name in merged and merged[name] != getattr(base, name)
+             and name not in ("algorithm_options",)}
+    race = CompareSettings(workload=workload, nodes=int(merged["nodes"]),
+                           ranks_per_node=int(merged["ranks_per_node"]),
+                           algorithms=[raw["algorithm"]], train=train)
+    return race, race.run_config(raw["algorithm"], lr=merged.get("lr"), seed=merged.get("seed"))
+
+
+# shown even at their default (a density is what a reader looks for first)
+ALWAYS_SHOWN = ("density", "powersgd_rank", "sync_every")
+
+
+def candidate_of(cfg) -> Candidate:
+    options = tuple((s.name, getattr(cfg, s.name)) for s in settings.SETTINGS
+                    if s.concern in IDENTITY_CONCERNS and s.name != "algorithm"
+                    and (getattr(cfg, s.name) != s.default or s.name in ALWAYS_SHOWN)
+                    and (s.applies is None or s.applies(cfg)))
+    return Candidate(cfg.algorithm, options)
+
+
+def workload_of(race: CompareSettings, cfg) -> Workload:
+    return Workload(race.workload, workloads.WORKLOADS[race.workload].metric,
+                    race.resolved_target(), race.nodes, race.ranks_per_node,
+                    tuple((name, getattr(cfg, name)) for name in WORKLOAD_FIELDS))
+
+
+def steps_to_target(curve: list, metric: str, target: float) -> int | None:
+    m = quality.check_metric(metric)
+    for point in curve or []:
+        if m.reached(point.get(metric), target) and point.get("step") is not None:
+            return int(point["step"])
+    return None
+
+
+def read_table(paths) -> tuple[dict, list[str]]:
+    """{Workload: {Candidate: Entry}} from compare results files, and a note per run left out."""
+    table, notes = {}, []
+    for path in paths:
+        data = read_json(path, "steps table (thinwire compare results)")
+        blocks = data.get("results", data) if isinstance(data, dict) else data
+        for block in [blocks] if isinstance(blocks, dict) else blocks:
+            setting = block.get("setting") or {} if isinstance(block, dict) else {}
+            for i, raw in enumerate(block.get("runs", []) if isinstance(block, dict) else []):
+                where = f"{path} run {i} ({raw.get('algorithm')})"
+                if raw.get("status") != "ok":
+                    notes.append(f"{where}: status {raw.get('status')!r}")
+                    continue
+                try:
+                    race, cfg = run_config(setting, raw)
+                except (ValueError, KeyError, TypeError) as exc:
+                    notes.append(f"{where}: {exc}")
+                    continue
+                work = workload_of(race, cfg)
+                cand = candidate_of(cfg)
+                entry = table.setdefault(work, {}).setdefault(cand, Entry(cand))
+                steps = steps_to_target(raw.get("curve"), work.metric, work.target)
+                if steps is None:
+                    entry.missed.append(int(raw.get("steps") or 0))
+                else:
+                    entry.steps.append(steps)
+                entry.seeds.add(cfg.seed)
+                entry.sources.append(str(path))
+                entry.eval_every = max(entry.eval_every, int(cfg.eval_every or 0))
+    return table, notes
+
+
+def entries_for(table: dict, workload: str, nodes: int, ranks_per_node: int) -> tuple:
+    """The entries measured for ``workload`` on ``nodes`` x ``ranks_per_node`` (the one such
+    table; several mean the files mix trainings - say which)."""
+    found = [(w, e) for w, e in table.items()
+             if (w.workload, w.nodes, w.ranks_per_node) == (workload, nodes, ranks_per_node)]
+    if not found:
+        have = sorted({w.describe() for w in table})
+        raise ValueError(f"no steps to target measured for {workload} on {nodes} x "
+                         f"{ranks_per_node} (the steps files hold: {have or 'nothing'}); "
+                         f"measure them with: thinwire compare --workload {workload} --nodes "
+                         f"{nodes} --ranks-per-node {ranks_per_node} --inter-node-bandwidth none "
+                         f"--out DIR")
+    if len(found) > 1:
+        raise ValueError(f"the steps files hold {len(found)} different trainings of {workload} "
+                         f"on {nodes} x {ranks_per_node} (model, batch, lr, ... differ): "
+                         + "; ".join(str(dict(w.training)) for w, _ in found))
+    return found[0]
+
+
+def merged_spread(entries) -> float | None:
+    """The largest spread over the candidates measured with more than one seed."""
+    spreads = [e.spread for e in entries if len(e.seeds) > 1 and e.spread is not None]
+    return max(spreads) if spreads else None
+
+
+__all__ = ["Candidate", "Entry", "Workload", "candidate_of", "entries_for", "merged_spread",
+           "read_table", "run_config", "steps_to_target", "workload_of"]
