@@ -168,3 +168,24 @@ def test_a_missing_input_file_is_named(tmp_path, capsys):
     assert thinwire_main(["plan", "--calibrate", str(tmp_path / "nope.json"),
                           "--inter-node-bandwidth", "50mbit"]) != 0
     assert "nope.json" in capsys.readouterr().err
+
+
+def test_the_check_against_measured_races_finds_the_choice_and_the_crossover(tmp_path, capsys):
+    """The synthetic runs' measured times are the truth's (steps x generated step): the plan's
+    choice is the measured fastest at both rates and the crossover lies between them."""
+    path = _results(tmp_path)
+    data = json.loads(path.read_text())
+    for run in data["runs"]:
+        run["time_to_target_s"] = STEPS[run["algorithm"]] * run["iteration_s"]
+    path.write_text(json.dumps(data))
+    out = tmp_path / "plan.json"
+    assert thinwire_main(["plan", "--calibrate", str(path), "--inter-node-bandwidth",
+                          "50mbit,1gbit", "--measured", str(path), "--json", str(out)]) == 0
+    check = json.loads(out.read_text())["check"]
+    assert [s["measured_fastest"].split()[0] for s in check["summary"]] == ["hitopk",
+                                                                          "allreduce"]
+    assert all(s["regret"] == 0 for s in check["summary"])
+    assert all(abs(r["error"]) < 0.03 for r in check["rows"])
+    assert check["crossover"]["measured_between_bps"] == [5e7, 1e9]
+    assert check["crossover"]["predicted_between"] is True
+    assert "predicted break-even" in capsys.readouterr().out

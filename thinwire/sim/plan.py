@@ -298,3 +298,79 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
 def _spread(entries) -> float | None:
     from thinwire.sim.steps import merged_spread
     return merged_spread(entries)
+
+
+def measured_times(paths) -> dict:
+    """{(rate in bit/s or None, candidate label): measured seconds to target (None: missed)}
+    of compare results."""
+    from thinwire.output import read_json
+    from thinwire.sim.steps import candidate_of, run_config
+
+    found = {}
+    for path in paths:
+        data = read_json(path, "measured results (thinwire compare)")
+        for block in data.get("results", [data]) if isinstance(data, dict) else data:
+            setting = block.get("setting") or {}
+            for raw in block.get("runs", []):
+                if raw.get("status") != "ok":
+                    continue
+                _, cfg = run_config(setting, raw)
+                rate = (raw.get("setting") or {}).get("inter_node_bandwidth",
+                                                      raw.get("inter_node_bandwidth"))
+                found[(rate_bps(rate), candidate_of(cfg).label())] = raw.get("time_to_target_s")
+    return found
+
+
+def check_against(plan: dict, paths) -> dict:
+    """The plan beside measured races at its rates: per rate, each ranked candidate's predicted
+    and measured time to target, the measured time of the plan's choice against the measured
+    fastest (its regret), and the measured crossover beside the predicted break-even."""
+    measured = measured_times(paths)
+    rows, summary = [], []
+    for one in plan["plans"]:
+        bps = one["inter_node_bps"]
+        here = {label: t for (rate, label), t in measured.items() if rate == bps}
+        if not here:
+            continue
+        reached = {label: t for label, t in here.items() if t is not None}
+        for r in one["rows"]:
+            if r["time_to_target_s"] is None or r["candidate"] not in here:
+                continue
+            got = here[r["candidate"]]
+            rows.append({"rate": one["rate"], "candidate": r["candidate"],
+                         "predicted_s": r["time_to_target_s"], "measured_s": got,
+                         "error": None if got is None else r["time_to_target_s"] / got - 1})
+        best = one["best"]["candidate"] if one["best"] else None
+        fastest = min(reached, key=reached.get) if reached else None
+        chosen = reached.get(best)
+        summary.append({"rate": one["rate"], "plan_choice": best, "measured_fastest": fastest,
+                        "choice_measured_s": chosen,
+                        "fastest_measured_s": reached.get(fastest),
+                        "regret": None if chosen is None or fastest is None
+                        else chosen / reached[fastest] - 1,
+                        "fastest_kind": None if fastest is None else
+                        ("dense" if fastest.split()[0] in DENSE else "compressed")})
+    errors = {}
+    for row in rows:
+        if row["error"] is not None:
+            errors[row["rate"]] = max(errors.get(row["rate"], 0.0), abs(row["error"]))
+    predicted = plan["break_even"].get("bps")
+    for s in summary:
+        s["max_abs_error"] = errors.get(s["rate"])
+        s["break_even_mbit"] = None if predicted is None else predicted / 1e6
+    return {"rows": rows, "summary": summary,
+            "crossover": crossover(summary, plan["plans"], plan["break_even"].get("bps"))}
+
+
+def crossover(summary: list, plans: list, predicted_bps: float | None) -> dict | None:
+    """Where the measured fastest changes kind (dense / compressed) between neighbouring
+    measured rates, and whether the predicted break-even lies between those two rates."""
+    rates = {p["rate"]: p["inter_node_bps"] for p in plans}
+    shaped = sorted((rates[s["rate"]], s["fastest_kind"]) for s in summary
+                    if rates[s["rate"]] is not None and s["fastest_kind"] is not None)
+    for (low, kind_low), (high, kind_high) in zip(shaped, shaped[1:]):
+        if kind_low != kind_high:
+            inside = predicted_bps is not None and low <= predicted_bps <= high
+            return {"measured_between_bps": [low, high], "predicted_bps": predicted_bps,
+                    "predicted_between": inside}
+    return None

@@ -48,6 +48,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(default: the calibration's, for the same cluster shape)")
     p.add_argument("--phase-form", default="max", choices=PHASE_FORMS,
                    help="how a phase's fixed cost and wire time combine (thinwire simulate)")
+    p.add_argument("--measured", nargs="+", default=None, metavar="RESULTS_JSON",
+                   help="races measured at the planned rates: print each ranked candidate's "
+                        "measured time to target beside the prediction, and how much slower "
+                        "the plan's choice ran than the measured fastest")
     p.add_argument("--json", default=None, help="write the plan here")
     p.set_defaults(func=main)
 
@@ -91,6 +95,25 @@ def _print(plan: dict) -> None:
         print(f"left out: {note}")
 
 
+def _print_check(check: dict) -> None:
+    print("\npredicted against measured time to target:")
+    if check["rows"]:
+        print(format_table(check["rows"], check["rows"][0].keys()))
+    for s in check["summary"]:
+        regret = "-" if s["regret"] is None else f"{100 * s['regret']:+.0f}%"
+        worst = "-" if s["max_abs_error"] is None else f"{100 * s['max_abs_error']:.0f}%"
+        print(f"at {s['rate']}: plan chose {s['plan_choice']}, measured fastest "
+              f"{s['measured_fastest']} ({s['fastest_kind']}); the choice ran {regret} against "
+              f"it; largest time-to-target error {worst}")
+    cross = check.get("crossover")
+    if cross:
+        low, high = (b / 1e6 for b in cross["measured_between_bps"])
+        predicted = "none" if cross["predicted_bps"] is None else \
+            f"{cross['predicted_bps'] / 1e6:.0f} Mbit/s"
+        print(f"measured crossover between {low:g} and {high:g} Mbit/s; predicted break-even "
+              f"{predicted} ({'inside' if cross['predicted_between'] else 'OUTSIDE'})")
+
+
 def main(args) -> int:
     check_output_path(args.json, "--json")  # before the work
     for path in args.calibrate + (args.steps_from or []):
@@ -102,6 +125,14 @@ def main(args) -> int:
                      args.nodes, args.ranks_per_node, _rates(args.inter_node_bandwidth),
                      args.compute_ms, args.calibrate_at, args.phase_form)
     _print(plan)
+    if args.measured:
+        from thinwire.sim.plan import check_against
+        for path in args.measured:
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"--measured input not found: {path}")
+        plan["check"] = check_against(plan, args.measured)
+        plan["rows"] = plan["check"]["summary"]  # one per rate (docs/results.md reads rows)
+        _print_check(plan["check"])
     if args.json:
         write_json_atomic(args.json, plan)
         print(f"json: {args.json}")
