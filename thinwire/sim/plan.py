@@ -290,6 +290,7 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
         "phase_form": form, "overlap": mode_name(mode), "calibrate_at": calibrate_at,
         "calibration": [str(p) for p in calibration], "steps_from": [str(p) for p in steps_files],
         "steps_spread_over_seeds": _spread(entries.values()),
+        "steps_table": [e.row() for e in entries.values()],
         "break_even": break_even(setting, params, mode, model, layers.layers, entries),
         "plans": plans, "notes": notes,
     }

@@ -125,6 +125,7 @@ def main(args) -> int:
                      args.nodes, args.ranks_per_node, _rates(args.inter_node_bandwidth),
                      args.compute_ms, args.calibrate_at, args.phase_form)
     _print(plan)
+    plan["rows"] = plan["steps_table"]  # what docs/results.md reads, unless --measured
     if args.measured:
         from thinwire.sim.plan import check_against
         for path in args.measured:

@@ -67,29 +67,47 @@ class Candidate:
 @dataclass
 class Entry:
     candidate: Candidate
-    steps: list = field(default_factory=list)    # steps to target, one per run that reached it
+    by_seed: dict = field(default_factory=dict)  # seed -> steps of its runs that reached it
     missed: list = field(default_factory=list)   # steps of runs that ended before the target
-    seeds: set = field(default_factory=set)
     sources: list = field(default_factory=list)
     eval_every: int = 0
 
+    def add(self, seed: int, steps: int | None, ran: int) -> None:
+        if steps is None:
+            self.missed.append(ran)
+        else:
+            self.by_seed.setdefault(seed, []).append(steps)
+
+    @property
+    def steps(self) -> list:
+        return [s for values in self.by_seed.values() for s in values]
+
+    @property
+    def seeds(self) -> set:
+        return set(self.by_seed)
+
+    def _per_seed(self) -> list:
+        # a seed's repeats (the same race at other rates) count once: they train alike
+        return [statistics.median(v) for v in self.by_seed.values()]
+
     @property
     def estimate(self) -> float | None:
-        return float(statistics.median(self.steps)) if self.steps else None
+        return float(statistics.median(self._per_seed())) if self.by_seed else None
 
     @property
     def spread(self) -> float | None:
-        """(max - min) / median of the steps over the runs that reached the target: the
-        estimate's error as the seeds measured it (0 with one seed)."""
-        if not self.steps:
+        """(max - min) / median of the seeds' steps: the estimate's error as the seeds
+        measured it (0 with one seed)."""
+        if not self.by_seed:
             return None
-        return (max(self.steps) - min(self.steps)) / statistics.median(self.steps)
+        per_seed = self._per_seed()
+        return (max(per_seed) - min(per_seed)) / statistics.median(per_seed)
 
     def row(self) -> dict:
         return {"candidate": self.candidate.label(), "algorithm": self.candidate.algorithm,
                 "settings": self.candidate.settings, "steps": self.estimate,
-                "steps_seen": sorted(self.steps), "spread": self.spread,
-                "seeds": sorted(self.seeds), "missed_at": sorted(self.missed),
+                "steps_by_seed": {str(k): sorted(v) for k, v in sorted(self.by_seed.items())},
+                "spread": self.spread, "missed_at": sorted(self.missed),
                 "resolution_steps": self.eval_every}
 
 
@@ -157,11 +175,7 @@ def read_table(paths) -> tuple[dict, list[str]]:
                 cand = candidate_of(cfg)
                 entry = table.setdefault(work, {}).setdefault(cand, Entry(cand))
                 steps = steps_to_target(raw.get("curve"), work.metric, work.target)
-                if steps is None:
-                    entry.missed.append(int(raw.get("steps") or 0))
-                else:
-                    entry.steps.append(steps)
-                entry.seeds.add(cfg.seed)
+                entry.add(cfg.seed, steps, int(raw.get("steps") or 0))
                 entry.sources.append(str(path))
                 entry.eval_every = max(entry.eval_every, int(cfg.eval_every or 0))
     return table, notes
