@@ -50,10 +50,12 @@ def test_no_usable_checkpoint_on_one_rank_ends_every_rank_clearly(two_ranks, tmp
     assert "checksum mismatch" in results[1][1] and "rank(s) [1]" in results[0][1]
 
 
-@pytest.mark.parametrize("damage", ["flipped", "truncated"])
+@pytest.mark.parametrize("damage", ["flipped"])
 def test_thinwire_train_resume_command(two_ranks, tmp_path, damage):
     """A world of one resuming rank 0's files of the two-rank run is refused (world size), so
-    a one-rank checkpoint is made first; then the newest is damaged."""
+    a one-rank checkpoint is made first; then the newest is damaged. (A truncated file takes
+    the same fallback through the command; its detection is test_checkpoint_faults': one
+    damage here, 10 s, is what the command path needs.)"""
     run = tmp_path / "one"
     H.make(run)
     if damage == "flipped":
