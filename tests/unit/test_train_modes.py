@@ -8,7 +8,7 @@ import torch
 
 from thinwire import collectives
 from thinwire.local_sgd.train_adapter import DiLoCoSync
-from thinwire.train import checkpoint_checks, compare, grad_sync, modes
+from thinwire.train import auto, checkpoint_checks, compare, grad_sync, modes
 from thinwire.train.config import TrainConfig
 from thinwire.wavelet.schedule import check_train_config
 
@@ -16,16 +16,30 @@ from thinwire.wavelet.schedule import check_train_config
 def test_every_algorithm_name_is_in_exactly_one_mode():
     names = modes.algorithm_names()
     assert len(names) == len(set(names))
-    assert set(names) == set(grad_sync.algorithm_names()) | {"diloco", "torchft-diloco"}
+    assert set(names) == set(grad_sync.algorithm_names()) | {"diloco", "torchft-diloco", "auto"}
     for name in collectives.names() + grad_sync.TORCH_ALGORITHMS:
         assert modes.mode_of(name) is modes.PER_STEP
     assert modes.mode_of("diloco") is modes.DILOCO
     assert modes.mode_of("torchft-diloco") is modes.TORCHFT_DILOCO
+    assert modes.mode_of("auto") is auto.AUTO and auto.AUTO.resolve is auto.resolve
+
+
+def test_a_mode_registers_once_and_never_takes_anothers_name():
+    assert modes.register(auto.AUTO) is auto.AUTO  # again: no change
+    assert sum(m.name == "auto" for m in modes.MODES) == 1
+    twin = modes.Mode("auto", lambda: ("auto",), None, None, None, per_step=True,
+                      in_default_race=False)
+    with pytest.raises(ValueError, match="a training mode named 'auto' is registered already"):
+        modes.register(twin)
+    thief = modes.Mode("thief", lambda: ("hitopk",), None, None, None, per_step=True,
+                       in_default_race=False)
+    with pytest.raises(ValueError, match=r"--algorithm names \['hitopk'\] belong to another"):
+        modes.register(thief)
 
 
 def test_an_unknown_name_is_refused_with_every_allowed_one():
     with pytest.raises(ValueError, match=r"--algorithm must be one of allreduce, .*powersgd, "
-                                         r"diloco, torchft-diloco, got 'ring'"):
+                                         r"diloco, torchft-diloco, auto, got 'ring'"):
         modes.mode_of("ring")
     with pytest.raises(ValueError, match="--algorithm must be one of"):
         TrainConfig(algorithm="ring").validate()

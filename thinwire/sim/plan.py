@@ -26,7 +26,7 @@ from thinwire.sim.calibrate import (ALGORITHM_ALIASES, Run, fit, mode_name, over
                                     predict, predict_diloco, rate_bps, read_runs)
 from thinwire.sim.steps import Candidate, candidate_of, entries_for, read_table
 from thinwire.train import modes, settings as train_settings
-from thinwire.train.compare import CompareSettings
+from thinwire.train import race_config
 
 DENSITIES = (0.01, 0.02, 0.05, 0.1)
 DENSE_WIRES = ("none", "fp16", "bf16")
@@ -52,9 +52,8 @@ class Setting:
 def grid(workload: str, nodes: int, ranks_per_node: int, measured=()) -> dict:
     """{Candidate: TrainConfig} for the registry's candidates and the ``measured`` ones."""
     def config(algorithm, **train):
-        race = CompareSettings(workload=workload, nodes=nodes, ranks_per_node=ranks_per_node,
-                               algorithms=[algorithm], train=train)
-        cfg = race.run_config(algorithm).validate()
+        cfg = race_config.run_config(workload, algorithm, train,
+                                     ranks_per_node=ranks_per_node).validate()
         return candidate_of(cfg), cfg
 
     wanted = [("ddp", {}), ("ddp-fp16", {})]
@@ -252,8 +251,9 @@ def fitted_compute(params: dict, runs: list, nodes: int, ranks_per_node: int) ->
 
 def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
               ranks_per_node: int | None, rates: list, compute_ms: float | None = None,
-              calibrate_at: str | None = None, form: str = "max") -> dict:
-    params, mode, runs = calibrated(calibration, calibrate_at, form)
+              calibrate_at: str | None = None, form: str = "max", fitted=None) -> dict:
+    """``fitted``: :func:`calibrated`'s result, where the caller has it already."""
+    params, mode, runs = fitted or calibrated(calibration, calibrate_at, form)
     table, notes = read_table(steps_files)
     workloads_seen = sorted({w.workload for w in table})
     workload = workload or (workloads_seen[0] if len(workloads_seen) == 1 else None)
@@ -315,7 +315,7 @@ def measured_times(paths) -> dict:
             for raw in block.get("runs", []):
                 if raw.get("status") != "ok":
                     continue
-                _, cfg = run_config(setting, raw)
+                _, _, cfg = run_config(setting, raw)
                 rate = (raw.get("setting") or {}).get("inter_node_bandwidth",
                                                       raw.get("inter_node_bandwidth"))
                 found[(rate_bps(rate), candidate_of(cfg).label())] = raw.get("time_to_target_s")

@@ -21,8 +21,8 @@ import statistics
 from dataclasses import dataclass, field
 
 from thinwire.output import read_json
-from thinwire.train import quality, settings, workloads
-from thinwire.train.compare import TRAIN_FIELDS, CompareSettings
+from thinwire.train import quality, race_config, settings, workloads
+from thinwire.train.race_config import TRAIN_FIELDS
 
 # The settings that can change how many steps a run needs (what it sends and how it steps);
 # the others (checkpoints, logging, timeouts) cannot.
@@ -112,19 +112,21 @@ class Entry:
 
 
 def run_config(setting: dict, raw: dict):
-    """The TrainConfig compare ran ``raw`` with (its race's ``setting`` and its own keys)."""
+    """(the run's workload, the TrainConfig compare ran ``raw`` with: its race's ``setting``
+    and its own keys)."""
     merged = {**setting, **(raw.get("setting") or {}), **raw}
     workload = merged.get("workload")
     if workload not in workloads.WORKLOADS:
         raise ValueError(f"not a thinwire compare run (workload {workload!r})")
-    base = CompareSettings(workload=workload).base_config()
+    base = race_config.base_config(workload, {})
     train = {name: merged[name] for name in TRAIN_FIELDS
              if name in merged and merged[name] != getattr(base, name)
              and name not in ("algorithm_options",)}
-    race = CompareSettings(workload=workload, nodes=int(merged["nodes"]),
-                           ranks_per_node=int(merged["ranks_per_node"]),
-                           algorithms=[raw["algorithm"]], train=train)
-    return race, race.run_config(raw["algorithm"], lr=merged.get("lr"), seed=merged.get("seed"))
+    cfg = race_config.run_config(workload, raw["algorithm"], train,
+                                 ranks_per_node=int(merged["ranks_per_node"]),
+                                 target=merged.get("target"), lr=merged.get("lr"),
+                                 seed=merged.get("seed"))
+    return workload, int(merged["nodes"]), cfg
 
 
 # shown even at their default (a density is what a reader looks for first)
@@ -139,9 +141,10 @@ def candidate_of(cfg) -> Candidate:
     return Candidate(cfg.algorithm, options)
 
 
-def workload_of(race: CompareSettings, cfg) -> Workload:
-    return Workload(race.workload, workloads.WORKLOADS[race.workload].metric,
-                    race.resolved_target(), race.nodes, race.ranks_per_node,
+def workload_of(workload: str, nodes: int, cfg) -> Workload:
+    metric = workloads.WORKLOADS[workload].metric
+    target = cfg.target_accuracy if metric == "test_accuracy" else cfg.target_bits_per_byte
+    return Workload(workload, metric, target, nodes, cfg.ranks_per_node,
                     tuple((name, getattr(cfg, name)) for name in WORKLOAD_FIELDS))
 
 
@@ -167,11 +170,11 @@ def read_table(paths) -> tuple[dict, list[str]]:
                     notes.append(f"{where}: status {raw.get('status')!r}")
                     continue
                 try:
-                    race, cfg = run_config(setting, raw)
+                    workload, nodes, cfg = run_config(setting, raw)
                 except (ValueError, KeyError, TypeError) as exc:
                     notes.append(f"{where}: {exc}")
                     continue
-                work = workload_of(race, cfg)
+                work = workload_of(workload, nodes, cfg)
                 cand = candidate_of(cfg)
                 entry = table.setdefault(work, {}).setdefault(cand, Entry(cand))
                 steps = steps_to_target(raw.get("curve"), work.metric, work.target)

@@ -33,9 +33,10 @@ from thinwire.output import write_json_atomic
 from thinwire.cluster import ClusterSpec, missing_requirements, parse_rate
 from thinwire.cluster import run as cluster_run
 from thinwire.cluster.launch import EXIT_TIMEOUT
-from thinwire.train import (data, grad_sync, models, modes, quality, report, settings,
-                            workloads)
+from thinwire.train import (data, grad_sync, models, modes, quality, race_config, report,
+                            settings, workloads)
 from thinwire.train.config import TrainConfig
+from thinwire.train import auto  # noqa: F401  (registers --algorithm auto)
 
 log = logging.getLogger("thinwire.compare")
 
@@ -60,11 +61,8 @@ def algorithm_names() -> tuple[str, ...]:
 
 DEFAULT_RATE = "200mbit"  # ddp spends most of its step on the wire here (docs/benchmarks.md)
 DEFAULT_LR_GRID = (0.5, 1.0, 2.0)  # multiples of the workload's learning rate
-# TrainConfig fields compare sets for each run itself; every other field is a user override.
-PER_RUN = ("algorithm", "checkpoint", "checkpoint_every", "resume", "metrics", "summary",
-           "stop_after", "eval_every", "progress", "ranks_per_node", "target_accuracy",
-           "target_bits_per_byte", "stop_at_target", "budget_s", "log_every", "device")
-TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name not in PER_RUN)
+# what compare sets per run, and what the user may override (thinwire.train.race_config)
+PER_RUN, TRAIN_FIELDS = race_config.PER_RUN, race_config.TRAIN_FIELDS
 
 
 @dataclass
@@ -156,34 +154,14 @@ class CompareSettings:
 
     def base_config(self) -> TrainConfig:
         """The workload's training settings with the user's overrides (no run's yet)."""
-        wl = workloads.WORKLOADS[self.workload]
-        return dataclasses.replace(TrainConfig(), **{
-            "model": wl.model, "epochs": wl.epochs, "batch_size": wl.batch_size, "lr": wl.lr,
-            **wl.sparse, **self.train})
+        return race_config.base_config(self.workload, self.train)
 
     def run_config(self, algorithm: str, lr: float | None = None,
                    seed: int | None = None) -> TrainConfig:
-        wl = workloads.WORKLOADS[self.workload]
-        base = self.base_config()
-        target = self.resolved_target()
-        mode = modes.mode_of(algorithm)
-        cfg = dataclasses.replace(base, algorithm=algorithm,
-                                  **mode.compare_recipe)  # torchft's: its documented one
-        # a race's setting this run does not use goes back to its default (ddp takes no
-        # --density); resetting one can make another inapplicable (--density-warmup-from)
-        while reset := settings.inapplicable(cfg):
-            cfg = dataclasses.replace(cfg, **reset)
-        # each run takes the declared options of the algorithms it runs, not the race's others
-        runs = mode.collectives(cfg)
-        return dataclasses.replace(
-            cfg, lr=base.lr if lr is None else lr,
-            seed=base.seed if seed is None else seed, progress=False, log_every=1,
-            eval_every=self.eval_every or wl.eval_every, ranks_per_node=self.ranks_per_node,
-            target_accuracy=target if wl.metric == "test_accuracy" else None,
-            target_bits_per_byte=target if wl.metric == "bits_per_byte" else None,
-            stop_at_target=self.stop_at_target, budget_s=self.resolved_budget(),
-            algorithm_options={name: values for name, values
-                               in base.algorithm_options.items() if name in runs})
+        return race_config.run_config(
+            self.workload, algorithm, self.train, ranks_per_node=self.ranks_per_node,
+            target=self.resolved_target(), budget_s=self.resolved_budget(),
+            eval_every=self.eval_every, stop_at_target=self.stop_at_target, lr=lr, seed=seed)
 
     def common(self) -> dict:
         """What every run shares (the `setting` of results.json)."""

@@ -17,6 +17,7 @@ import sys
 
 from thinwire.rank_exit import failure_status
 from thinwire.train import loop
+from thinwire.train import auto  # noqa: F401  (registers --algorithm auto)
 from thinwire.train.config import TrainConfig, add_arguments, add_config_file, from_args
 from thinwire.wavelet import loop as wave_loop
 

@@ -53,7 +53,12 @@ def train(cfg: TrainConfig) -> dict:
     device = _device(cfg)
     owns_group = _init_distributed(device, cfg.collective_timeout_s)
     try:
-        return _train(cfg, device)
+        chooser = modes.mode_of(cfg.algorithm).resolve
+        if chooser is None:
+            return _train(cfg, device)
+        with noting(dist.get_rank(), "choosing the algorithm (--algorithm auto)", 0):
+            cfg, record = chooser(cfg)
+        return _train(cfg, device, record)
     finally:
         if owns_group:
             dist.destroy_process_group()
@@ -200,7 +205,8 @@ def setup_run(cfg: TrainConfig, rank: int, world: int, device: torch.device):
     return ds, module, steps_per_epoch, total_steps, opt, sched
 
 
-def _train(cfg: TrainConfig, device: torch.device) -> dict:
+def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None) -> dict:
+    """``chosen``: --algorithm auto's record of its choice (the summary's ``auto``)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     ds, module, steps_per_epoch, total_steps, opt, sched = setup_run(cfg, rank, world, device)
     saved = checkpoint.load(cfg.resume, rank, cfg, world, steps_per_epoch=steps_per_epoch,
@@ -215,6 +221,7 @@ def _train(cfg: TrainConfig, device: torch.device) -> dict:
     sync.attach(opt)  # DiLoCo's: a post-step hook on opt runs the outer step
     scaler = torch.amp.GradScaler("cuda") if cfg.amp == "fp16" else None
     metrics = Metrics(cfg, rank, world, total_steps, steps_per_epoch)
+    metrics.chosen = chosen
     step, epoch, position = 0, 0, 0
     if saved is not None:
         opt.load_state_dict(saved["optimizer"])

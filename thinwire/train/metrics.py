@@ -44,6 +44,7 @@ class Metrics:
         self.train_time_s = 0.0          # step time only, summed over the whole run
         self.curve: list[dict] = []      # evaluations: accuracy against training time
         self.compute_ms: float | None = None
+        self.chosen: dict | None = None  # --algorithm auto's record (thinwire.train.auto)
         self.timed_steps, self.timed_s = 0, 0.0
         self._timing, self._totals_start, self.hook_totals = False, None, None
         self.inter_node_bytes_per_iter: float | None = None
@@ -174,6 +175,7 @@ class Metrics:
             "quality_at_budget": quality.quality_at_budget(self.curve, self.metric,
                                                            self.budget_s),
             "step_split_ms": split,
+            **({"auto": self.chosen} if self.chosen is not None else {}),
             "curve": self.curve,
         }
         self._write({"event": "summary", **out})

@@ -40,6 +40,9 @@ class Mode:
     # the registered algorithms (thinwire.collectives) a TrainConfig of this mode runs: the
     # ones whose declared options (--algorithm-option) it takes
     collectives: Callable[[Any], tuple[str, ...]] = lambda cfg: ()
+    # a mode whose runs choose their algorithm when they start (auto): (cfg) -> (the chosen
+    # cfg, a record for the summary), collective; the run then builds the chosen mode
+    resolve: Callable[[Any], tuple[Any, dict]] | None = None
 
 
 def _check_per_step(cfg) -> None:
@@ -97,7 +100,24 @@ TORCHFT_DILOCO = Mode("torchft-diloco", lambda: ("torchft-diloco",), _check_torc
                       in_default_race=False,
                       compare_recipe={"outer_algorithm": "allreduce", "fragments": 1,
                                       "overlap": False})
-MODES = (PER_STEP, DILOCO, TORCHFT_DILOCO)
+MODES = [PER_STEP, DILOCO, TORCHFT_DILOCO]
+
+
+def register(mode: Mode) -> Mode:
+    """Add a mode defined outside this file (``auto``, in thinwire.train.auto: it plans with
+    the lab's cost model, which reads this registry: registering from there keeps the arrow
+    one way). Registering the same mode again changes nothing."""
+    known = {m.name: m for m in MODES}
+    if mode.name in known:
+        if known[mode.name] is not mode:
+            raise ValueError(f"a training mode named {mode.name!r} is registered already")
+        return mode
+    clash = set(mode.algorithms()) & set(algorithm_names())
+    if clash:
+        raise ValueError(f"mode {mode.name!r}: --algorithm names {sorted(clash)} belong to "
+                         f"another mode")
+    MODES.append(mode)
+    return mode
 
 
 def algorithm_names() -> tuple[str, ...]:

@@ -122,6 +122,10 @@ SETTINGS: tuple[Setting, ...] = (
     S("algorithm", str, "hitopk", "how gradients are synchronised (a per-step algorithm, or "
       "diloco / torchft-diloco: DDP inside a node, an outer step across nodes)",
       choices=modes.algorithm_names, concern="sync"),
+    S("plan_from", str, "", "thinwire compare results of this workload (comma-separated "
+      "paths): auto's plan is calibrated on them and reads steps to target from them",
+      applies=lambda c: modes.mode_of(c.algorithm).resolve is not None,
+      applies_to="--algorithm auto", concern="sync", metavar="RESULTS_JSON[,...]"),
     S("density", float, 0.01, "top-k density of the sparse algorithms (and of a sparse DiLoCo "
       "outer step)", low=0.0, low_open=True, high=1.0, applies=_top_k,
       applies_to=lambda: f"a sparse algorithm or --outer-algorithm "

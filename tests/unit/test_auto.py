@@ -1,0 +1,54 @@
+"""--algorithm auto: its checks, and its choice from a probed goodput on synthetic compare results
+whose fastest candidate at each rate is known by construction (plan_helpers)."""
+
+import dataclasses
+
+import pytest
+
+from thinwire.train.auto import choose
+from thinwire.train.compare import CompareSettings
+
+from plan_helpers import STEPS, _results, _truth_time
+
+
+def _cfg(path, **train):
+    return CompareSettings(workload="mnist", algorithms=["auto"],
+                           train={"plan_from": str(path), **train}).run_config("auto")
+
+
+@pytest.mark.parametrize("bps", [5e7, 1e9])
+def test_auto_chooses_the_fastest_candidate_at_the_probed_rate(tmp_path, bps):
+    path = _results(tmp_path)
+    # the probe reports goodput: the nominal rate times the link's efficiency (0.85 here)
+    chosen, info = choose(_cfg(path), 2, {"goodput_Bps": 0.85 * bps / 8})
+    fastest = min(STEPS, key=lambda a: _truth_time(a, bps, tmp_path))
+    assert chosen["algorithm"] == fastest
+    assert info["planned_at_bps"] == pytest.approx(bps, rel=0.05)
+    assert info["choice"].split()[0] == fastest and "fastest predicted" in info["reason"]
+    if fastest == "hitopk":  # the measured configuration's settings come with it
+        assert chosen["density"] == 0.05 and chosen["sparse_wire"] == "fp16"
+
+
+def test_auto_refuses_a_plan_measured_for_another_training(tmp_path):
+    cfg = _cfg(_results(tmp_path), batch_size=64)
+    with pytest.raises(ValueError, match="measured another training than this run's: "
+                                         "batch_size 32 there, 64 here"):
+        choose(cfg, 2, {"goodput_Bps": 1e7})
+
+
+def test_auto_refuses_a_cluster_shape_without_steps(tmp_path):
+    with pytest.raises(ValueError, match="no steps to target measured for mnist on 3 x 2"):
+        choose(_cfg(_results(tmp_path)), 3, {"goodput_Bps": 1e7})
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"plan_from": ""}, "--algorithm auto needs --plan-from"),
+    ({"plan_from": "/nonexistent/results.json"}, "--plan-from: /nonexistent/results.json is "
+                                                 "not a file"),
+    ({"resume": "/tmp/x"}, "--algorithm auto does not resume"),
+    ({"density": 0.05}, "--density applies to a sparse algorithm"),
+])
+def test_auto_settings_are_checked_before_anything_runs(tmp_path, change, message):
+    cfg = dataclasses.replace(_cfg(_results(tmp_path)), **change)
+    with pytest.raises(ValueError, match=message):
+        cfg.validate()

@@ -1,0 +1,188 @@
+"""``--algorithm auto``: the run probes its link, asks `thinwire plan`, and trains with its choice.
+
+At the start, before the model is built, every rank takes part in a probe of the inter-node
+link: the first rank of each node all-reduces two sizes over a group of those ranks; the
+difference of the two times over the difference of the bytes each node sends is the goodput
+(fixed costs cancel), and the smaller size's time bounds the latency. Rank 0 then ranks the
+candidates with :func:`thinwire.sim.plan.make_plan` - calibrated on ``--plan-from`` (thinwire
+compare results of this workload: the cost model is fitted on them and steps to target are
+read from them) - at the nominal rate the probe implies (goodput over the calibration's fitted
+goodput/nominal ratio), and sends its choice to every rank as JSON. The run then trains with
+that candidate's settings; the probe, the choice and the runners-up go into the summary
+(``auto``).
+
+The choice is made once (re-planning when the link changes needs a switch that keeps the
+error-feedback residuals: docs/plan.md). The compute time per step is the calibration's for
+this cluster shape (the emulator's nodes share one host, as the calibration runs did), not
+probed. A failure on rank 0 (no steps measured for this training, a file that is not compare's
+results) reaches every rank as the same ValueError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from thinwire.train import modes
+
+log = logging.getLogger(__name__)
+
+PROBE_BYTES = (1 << 20, 8 << 20)  # two sizes: their difference cancels the fixed costs
+PROBE_REPEATS = 3
+RUNNERS_UP = 3
+
+
+def plan_files(cfg) -> list[str]:
+    return [p.strip() for p in cfg.plan_from.split(",") if p.strip()]
+
+
+def check_config(cfg) -> None:
+    """What auto needs, checked before anything launches."""
+    files = plan_files(cfg)
+    if not files:
+        raise ValueError("--algorithm auto needs --plan-from RESULTS_JSON[,...]: thinwire "
+                         "compare results of this workload (the plan is calibrated on them and "
+                         "reads steps to target from them)")
+    for path in files:
+        if not Path(path).is_file():
+            raise ValueError(f"--plan-from: {path} is not a file")
+    if cfg.resume:
+        raise ValueError("--algorithm auto does not resume: resume with the algorithm and "
+                         "settings it chose (the summary's auto.choice)")
+    if cfg.waves != 1:
+        raise ValueError(f"--algorithm auto trains one wave, got --waves {cfg.waves}")
+
+
+def _node_leaders_group(ranks_per_node: int):
+    world = dist.get_world_size()
+    leaders = list(range(0, world, ranks_per_node))
+    return leaders, dist.new_group(ranks=leaders)  # collective: every rank calls it
+
+
+def probe_inter_node(ranks_per_node: int) -> dict:
+    """Goodput (bytes/s a node sends) and latency between nodes, measured by the first rank
+    of each node; every rank returns the same numbers (broadcast from rank 0)."""
+    leaders, group = _node_leaders_group(ranks_per_node)
+    nodes = len(leaders)
+    result = torch.zeros(3, dtype=torch.float64)
+    if nodes > 1 and dist.get_rank() in leaders:
+        times = {}
+        for size in PROBE_BYTES:
+            buffer = torch.ones(size // 4, dtype=torch.float32)
+            dist.all_reduce(buffer, group=group)  # a first exchange opens the connections
+            samples = []
+            for _ in range(PROBE_REPEATS):
+                begin = time.perf_counter()
+                dist.all_reduce(buffer, group=group)
+                samples.append(time.perf_counter() - begin)
+            times[size] = statistics.median(samples)
+        small, large = PROBE_BYTES
+        per_node = 2 * (nodes - 1) / nodes  # a ring all-reduce sends this share of the size
+        extra_s = max(times[large] - times[small], 1e-9)
+        result = torch.tensor([per_node * (large - small) / extra_s, times[small],
+                               times[large]], dtype=torch.float64)
+    dist.broadcast(result, src=0)
+    if dist.get_rank() in leaders:
+        dist.destroy_process_group(group)
+    goodput, small_s, large_s = result.tolist()
+    return {"nodes": nodes, "goodput_Bps": goodput if nodes > 1 else None,
+            "small_bytes": PROBE_BYTES[0], "small_s": small_s,
+            "large_bytes": PROBE_BYTES[1], "large_s": large_s}
+
+
+def choose(cfg, nodes: int, probe: dict) -> tuple[dict, dict]:
+    """(settings to apply to ``cfg``, what the summary records), on rank 0."""
+    from thinwire.sim.plan import calibrated, make_plan
+    from thinwire.sim.steps import WORKLOAD_FIELDS, entries_for, read_table
+
+    files = plan_files(cfg)
+    fitted = calibrated(files, None, "max")
+    params = fitted[0]
+    if probe["goodput_Bps"] is None:
+        raise ValueError("--algorithm auto needs at least 2 nodes (one node has no "
+                         "inter-node link to choose for)")
+    bps = probe["goodput_Bps"] * 8 / params["inter_efficiency"]
+    table, _ = read_table(files)
+    found = sorted({w.workload for w in table})
+    if len(found) != 1:
+        raise ValueError(f"--plan-from must hold races of one workload, got {found}")
+    work, _ = entries_for(table, found[0], nodes, cfg.ranks_per_node)
+    mine = {name: getattr(cfg, name) for name in WORKLOAD_FIELDS}
+    differ = {k: (v, mine[k]) for k, v in work.training if mine[k] != v}
+    if differ:
+        raise ValueError("--plan-from measured another training than this run's: " + ", ".join(
+            f"{k} {a!r} there, {b!r} here" for k, (a, b) in sorted(differ.items())))
+    plan = make_plan(files, files, found[0], nodes, cfg.ranks_per_node, [bps], fitted=fitted)
+    rows = [r for r in plan["plans"][0]["rows"] if r["time_to_target_s"] is not None]
+    if not rows:
+        raise ValueError("--plan-from holds no candidate that reached the target")
+    best = rows[0]
+    info = {"probe": probe, "planned_at_bps": bps, "choice": best["candidate"],
+            "predicted_time_to_target_s": best["time_to_target_s"],
+            "runners_up": [{"candidate": r["candidate"], "vs_choice": r["vs_best"]}
+                           for r in rows[1:1 + RUNNERS_UP]],
+            "break_even_bps": plan["break_even"].get("bps"),
+            "reason": f"fastest predicted time to target at the probed {bps / 1e6:.0f} Mbit/s"}
+    return {"algorithm": best["algorithm"], **best["settings"]}, info
+
+
+def _broadcast_json(payload: dict | None) -> dict:
+    """Rank 0's ``payload`` on every rank (JSON bytes, never a pickle)."""
+    data = json.dumps(payload).encode() if dist.get_rank() == 0 else b""
+    length = torch.tensor([len(data)], dtype=torch.int64)
+    dist.broadcast(length, src=0)
+    buffer = torch.zeros(int(length.item()), dtype=torch.uint8)
+    if dist.get_rank() == 0:
+        buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    dist.broadcast(buffer, src=0)
+    return json.loads(bytes(buffer.tolist()).decode())
+
+
+def _never_built(cfg, module, device_ids):
+    raise RuntimeError("--algorithm auto is resolved to a chosen algorithm before the run "
+                       "builds its synchronisation (thinwire.train.auto.resolve)")
+
+
+def _no_hook_state(saved, algorithm: str, shapes: list) -> None:
+    raise ValueError("--algorithm auto does not resume (its runs checkpoint as the algorithm "
+                     "they chose)")
+
+
+def resolve(cfg):
+    """``cfg`` with auto's choice applied (collective: every rank calls it), and the record."""
+    from thinwire.train import settings
+
+    nodes = dist.get_world_size() // cfg.ranks_per_node
+    began = time.perf_counter()
+    probe = probe_inter_node(cfg.ranks_per_node)
+    probe["seconds"] = time.perf_counter() - began
+    message = None
+    if dist.get_rank() == 0:
+        try:
+            chosen, info = choose(cfg, nodes, probe)
+            message = {"chosen": chosen, "info": info}
+        except (ValueError, FileNotFoundError) as exc:
+            message = {"error": str(exc)}
+    message = _broadcast_json(message)
+    if "error" in message:
+        raise ValueError(message["error"])
+    # before training starts: like the compute probe, not in the run's time to target
+    message["info"]["choosing_s"] = time.perf_counter() - began
+    resolved = dataclasses.replace(cfg, plan_from="", **message["chosen"])
+    while reset := settings.inapplicable(resolved):
+        resolved = dataclasses.replace(resolved, **reset)
+    log.info("auto: %s (%s)", message["info"]["choice"], message["info"]["reason"])
+    return resolved.validate(), message["info"]
+
+
+# probes the link, asks the plan, then runs its choice
+AUTO = modes.register(modes.Mode("auto", lambda: ("auto",), check_config, _never_built,
+                                 _no_hook_state, per_step=True, in_default_race=False,
+                                 resolve=resolve))
