@@ -136,3 +136,17 @@ def test_the_check_against_measured_races_finds_the_choice_and_the_crossover(tmp
     assert check["crossover"]["measured_between_bps"] == [5e7, 1e9]
     assert check["crossover"]["predicted_between"] is True
     assert "predicted break-even" in capsys.readouterr().out
+
+
+def test_a_race_with_an_auto_run_plans_without_it(tmp_path):
+    """auto chose its algorithm at the start: its run is noted, not made a candidate."""
+    path = _results(tmp_path)
+    data = json.loads(path.read_text())
+    data["runs"].append(dict(data["runs"][1], algorithm="auto",
+                             auto={"choice": "hitopk d=0.05"}))
+    path.write_text(json.dumps(data))
+    table, notes = read_table([path])
+    (_, entries), = table.items()
+    assert {c.algorithm for c in entries} == {"allreduce", "hitopk"}
+    assert any("chose its algorithm when it started" in n and "hitopk d=0.05" in n
+               for n in notes)

@@ -74,7 +74,12 @@ def test_without_the_scale_the_extra_bytes_are_missed_out_of_sample(tmp_path):
     assert without / slow.iteration_s - 1 < -0.1
 
 
-def test_a_fixed_cost_per_step_seen_at_one_rate_is_carried_to_the_others(tmp_path):
+@pytest.mark.parametrize("rounds", [2, 3])
+def test_a_fixed_cost_per_step_seen_at_one_rate_is_carried_to_the_others(tmp_path, monkeypatch,
+                                                                         rounds):
+    """Any number of rounds of shared fit and constants (an even one once lost the constant:
+    each round stored the change against the last round's as the whole)."""
+    monkeypatch.setattr("thinwire.sim.calibrate.EXTRA_ROUNDS", rounds)
     path = _sweep(tmp_path, truth_extra={"hitopk": 0.25})
     result = holdout([path], "200mbit", form="max")
     # the robust shared fit leaves it to hitopk's own constant (a linear one bent the shared

@@ -463,7 +463,9 @@ def fit(runs: list[Run], overlap: bool = True, form: str = "sum",
     # then each algorithm's unexplained constant, and the shared parameters again with those
     # constants in place (a constant one algorithm needs must not bend what all share)
     for _ in range(EXTRA_ROUNDS if step_extra else 0):
-        extras = _step_extras(runs, _unpack(x, form, scales, extras), overlap)
+        # against the shared parameters alone: the constants are refitted whole each round
+        # (against predictions that held last round's, they would come out as the change)
+        extras = _step_extras(runs, _unpack(x, form, scales, {}), overlap)
         x, sse = _fit_shared(x, runs, overlap, form, scales, extras, (lower, upper),
                              REFIT_EVALUATIONS)
     return _unpack(x, form, scales, extras), sse

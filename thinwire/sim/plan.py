@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from dataclasses import dataclass
 
 from thinwire import collectives
@@ -132,8 +133,8 @@ def rank(setting: Setting, params: dict, overlap, layers_key: str, layers: list,
             time_to_target(cfg, steps, setting, params, layers_key, layers, overlap)[0]
         rows.append({
             "candidate": cand.label(), "algorithm": cand.algorithm,
-            "settings": cand.settings, "kind": "dense" if cand.algorithm in DENSE and not
-            any(k == "density" for k, _ in cand.options) else "compressed",
+            "settings": cand.settings,
+            "kind": "dense" if cand.algorithm in DENSE else "compressed",
             "step_s": row["iteration_s"], "inter_node_mb_per_step": row["inter_node_mb_per_iter"],
             "steps": steps, "steps_spread": entry.spread if entry is not None else None,
             "time_to_target_s": ttt, "dense_warmup_steps": dense_warmup(cfg)[0],
@@ -162,13 +163,15 @@ def command(cfg, setting: Setting) -> dict:
             continue
         flags += [s.cli_flag] if s.type is bool else [s.cli_flag, str(value)]
     rate = "none" if setting.inter_bps is None else rate_text(setting.inter_bps)
-    own = [(s.cli_flag, str(getattr(cfg, s.name))) for s in train_settings.SETTINGS
-           if s.concern in ("sync", "diloco") and s.name != "algorithm"
-           and getattr(cfg, s.name) != s.default and (s.applies is None or s.applies(cfg))]
+    own = []
+    for s in train_settings.SETTINGS:
+        value = getattr(cfg, s.name)
+        if s.concern in ("sync", "diloco") and s.name != "algorithm" and value != s.default \
+                and (s.applies is None or s.applies(cfg)):
+            own += [s.cli_flag] if s.type is bool else [s.cli_flag, str(value)]
     compare = (f"thinwire compare --workload {setting.workload} --algorithms {cfg.algorithm} "
                f"--nodes {setting.nodes} --ranks-per-node {setting.ranks_per_node} "
-               f"--inter-node-bandwidth {rate} "
-               + " ".join(f"{flag} {value}" for flag, value in own) + " --out results/plan")
+               f"--inter-node-bandwidth {rate} " + " ".join(own) + " --out results/plan")
     train = (f"torchrun --nnodes {setting.nodes} --nproc-per-node {setting.ranks_per_node} "
              f"--rdzv-backend c10d --rdzv-endpoint HOST:29500 -m thinwire.train "
              + " ".join(flags) + f" --ranks-per-node {setting.ranks_per_node}")
@@ -229,7 +232,10 @@ def calibrated(paths, calibrate_at: str | None, form: str, overlap: str = "hooks
     """(params, overlap mode, the calibration runs) fitted on ``paths`` (at one rate)."""
     runs, _ = read_runs(paths)
     if calibrate_at is not None:
-        rate = rate_bps(calibrate_at)
+        try:
+            rate = rate_bps(calibrate_at)
+        except ValueError as exc:
+            raise ValueError(f"--calibrate-at {calibrate_at!r}: {exc}") from None
         runs = [r for r in runs if r.inter_bps == rate]
         if not runs:
             raise ValueError(f"--calibrate-at {calibrate_at}: no calibration run at that rate")
@@ -302,10 +308,11 @@ def _spread(entries) -> float | None:
 
 
 def measured_times(paths) -> dict:
-    """{(rate in bit/s or None, candidate label): measured seconds to target (None: missed)}
-    of compare results."""
+    """{(rate in bit/s or None, candidate label): measured seconds to target} of compare
+    results: the median over the runs that reached it (several seeds, repeated races); None
+    where none did. Runs that chose their algorithm (auto) are not candidates."""
     from thinwire.output import read_json
-    from thinwire.sim.steps import candidate_of, run_config
+    from thinwire.sim.steps import candidate_of, chooses, run_config
 
     found = {}
     for path in paths:
@@ -313,13 +320,15 @@ def measured_times(paths) -> dict:
         for block in data.get("results", [data]) if isinstance(data, dict) else data:
             setting = block.get("setting") or {}
             for raw in block.get("runs", []):
-                if raw.get("status") != "ok":
+                if raw.get("status") != "ok" or chooses(raw.get("algorithm")):
                     continue
                 _, _, cfg = run_config(setting, raw)
                 rate = (raw.get("setting") or {}).get("inter_node_bandwidth",
                                                       raw.get("inter_node_bandwidth"))
-                found[(rate_bps(rate), candidate_of(cfg).label())] = raw.get("time_to_target_s")
-    return found
+                found.setdefault((rate_bps(rate), candidate_of(cfg).label()), []).append(
+                    raw.get("time_to_target_s"))
+    return {key: (statistics.median(reached) if (reached := [t for t in times if t is not None])
+                  else None) for key, times in found.items()}
 
 
 def check_against(plan: dict, paths) -> dict:

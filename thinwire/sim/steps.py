@@ -21,7 +21,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from thinwire.output import read_json
-from thinwire.train import quality, race_config, settings, workloads
+from thinwire.train import modes, quality, race_config, settings, workloads
 from thinwire.train.race_config import TRAIN_FIELDS
 
 # The settings that can change how many steps a run needs (what it sends and how it steps);
@@ -148,6 +148,14 @@ def workload_of(workload: str, nodes: int, cfg) -> Workload:
                     tuple((name, getattr(cfg, name)) for name in WORKLOAD_FIELDS))
 
 
+def chooses(algorithm) -> bool:
+    """A run of a mode that chooses its algorithm when it starts (``auto``): not a candidate."""
+    try:
+        return modes.mode_of(algorithm).resolve is not None
+    except ValueError:
+        return False
+
+
 def steps_to_target(curve: list, metric: str, target: float) -> int | None:
     m = quality.check_metric(metric)
     for point in curve or []:
@@ -168,6 +176,10 @@ def read_table(paths) -> tuple[dict, list[str]]:
                 where = f"{path} run {i} ({raw.get('algorithm')})"
                 if raw.get("status") != "ok":
                     notes.append(f"{where}: status {raw.get('status')!r}")
+                    continue
+                if chooses(raw.get("algorithm")):
+                    notes.append(f"{where}: chose its algorithm when it started (its steps "
+                                 f"are those of its choice, {(raw.get('auto') or {}).get('choice')})")
                     continue
                 try:
                     workload, nodes, cfg = run_config(setting, raw)

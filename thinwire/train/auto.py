@@ -21,6 +21,7 @@ results) reaches every rank as the same ValueError.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import logging
 import statistics
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 
 PROBE_BYTES = (1 << 20, 8 << 20)  # two sizes: their difference cancels the fixed costs
 PROBE_REPEATS = 3
+# how long the other ranks wait for the probe and rank 0's plan (its fit takes seconds to a
+# minute), whatever --collective-timeout is
+CHOOSING_TIMEOUT_S = 900.0
 RUNNERS_UP = 3
 
 
@@ -60,38 +64,58 @@ def check_config(cfg) -> None:
         raise ValueError(f"--algorithm auto trains one wave, got --waves {cfg.waves}")
 
 
-def _node_leaders_group(ranks_per_node: int):
+def _node_leaders_group(ranks_per_node: int, timeout_s: float):
     world = dist.get_world_size()
     leaders = list(range(0, world, ranks_per_node))
-    return leaders, dist.new_group(ranks=leaders)  # collective: every rank calls it
+    # collective: every rank calls it
+    group = dist.new_group(ranks=leaders, timeout=datetime.timedelta(seconds=timeout_s))
+    return leaders, group
 
 
-def probe_inter_node(ranks_per_node: int) -> dict:
+def _probe_device() -> torch.device:
+    """Where the probe's buffers live: NCCL takes device tensors only, and the probe must
+    measure the backend the run trains with."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _timed_all_reduce(buffer: torch.Tensor, group) -> float:
+    begin = time.perf_counter()
+    dist.all_reduce(buffer, group=group)
+    if buffer.device.type == "cuda":  # NCCL returns once the work is queued
+        torch.cuda.synchronize(buffer.device)
+    return time.perf_counter() - begin
+
+
+def probe_inter_node(ranks_per_node: int, timeout_s: float = CHOOSING_TIMEOUT_S) -> dict:
     """Goodput (bytes/s a node sends) and latency between nodes, measured by the first rank
     of each node; every rank returns the same numbers (broadcast from rank 0)."""
-    leaders, group = _node_leaders_group(ranks_per_node)
+    leaders, group = _node_leaders_group(ranks_per_node, timeout_s)
     nodes = len(leaders)
-    result = torch.zeros(3, dtype=torch.float64)
+    device = _probe_device()
+    result = torch.zeros(3, dtype=torch.float64, device=device)
     if nodes > 1 and dist.get_rank() in leaders:
         times = {}
         for size in PROBE_BYTES:
-            buffer = torch.ones(size // 4, dtype=torch.float32)
-            dist.all_reduce(buffer, group=group)  # a first exchange opens the connections
-            samples = []
-            for _ in range(PROBE_REPEATS):
-                begin = time.perf_counter()
-                dist.all_reduce(buffer, group=group)
-                samples.append(time.perf_counter() - begin)
-            times[size] = statistics.median(samples)
+            buffer = torch.ones(size // 4, dtype=torch.float32, device=device)
+            _timed_all_reduce(buffer, group)  # a first exchange opens the connections
+            times[size] = statistics.median(_timed_all_reduce(buffer, group)
+                                            for _ in range(PROBE_REPEATS))
         small, large = PROBE_BYTES
         per_node = 2 * (nodes - 1) / nodes  # a ring all-reduce sends this share of the size
-        extra_s = max(times[large] - times[small], 1e-9)
-        result = torch.tensor([per_node * (large - small) / extra_s, times[small],
-                               times[large]], dtype=torch.float64)
+        extra_s = times[large] - times[small]
+        goodput = per_node * (large - small) / extra_s if extra_s > 0 else -1.0
+        result = torch.tensor([goodput, times[small], times[large]], dtype=torch.float64,
+                              device=device)
     dist.broadcast(result, src=0)
     if dist.get_rank() in leaders:
         dist.destroy_process_group(group)
     goodput, small_s, large_s = result.tolist()
+    if nodes > 1 and goodput <= 0:
+        raise ValueError(f"--algorithm auto: the link probe is not usable: {PROBE_BYTES[1]} "
+                         f"bytes took {large_s:.4f} s, no longer than {PROBE_BYTES[0]} bytes "
+                         f"({small_s:.4f} s); the link was busy or the host overloaded")
     return {"nodes": nodes, "goodput_Bps": goodput if nodes > 1 else None,
             "small_bytes": PROBE_BYTES[0], "small_s": small_s,
             "large_bytes": PROBE_BYTES[1], "large_s": large_s}
@@ -102,12 +126,12 @@ def choose(cfg, nodes: int, probe: dict) -> tuple[dict, dict]:
     from thinwire.sim.plan import calibrated, make_plan
     from thinwire.sim.steps import WORKLOAD_FIELDS, entries_for, read_table
 
-    files = plan_files(cfg)
-    fitted = calibrated(files, None, "max")
-    params = fitted[0]
     if probe["goodput_Bps"] is None:
         raise ValueError("--algorithm auto needs at least 2 nodes (one node has no "
                          "inter-node link to choose for)")
+    files = plan_files(cfg)
+    fitted = calibrated(files, None, "max")
+    params = fitted[0]
     bps = probe["goodput_Bps"] * 8 / params["inter_efficiency"]
     table, _ = read_table(files)
     found = sorted({w.workload for w in table})
@@ -133,15 +157,16 @@ def choose(cfg, nodes: int, probe: dict) -> tuple[dict, dict]:
     return {"algorithm": best["algorithm"], **best["settings"]}, info
 
 
-def _broadcast_json(payload: dict | None) -> dict:
-    """Rank 0's ``payload`` on every rank (JSON bytes, never a pickle)."""
+def _broadcast_json(payload: dict | None, group) -> dict:
+    """Rank 0's ``payload`` on every rank (JSON bytes over ``group``, a gloo group: never a
+    pickle, and CPU tensors whatever the run's backend)."""
     data = json.dumps(payload).encode() if dist.get_rank() == 0 else b""
     length = torch.tensor([len(data)], dtype=torch.int64)
-    dist.broadcast(length, src=0)
+    dist.broadcast(length, src=0, group=group)
     buffer = torch.zeros(int(length.item()), dtype=torch.uint8)
     if dist.get_rank() == 0:
         buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-    dist.broadcast(buffer, src=0)
+    dist.broadcast(buffer, src=0, group=group)
     return json.loads(bytes(buffer.tolist()).decode())
 
 
@@ -160,17 +185,25 @@ def resolve(cfg):
     from thinwire.train import settings
 
     nodes = dist.get_world_size() // cfg.ranks_per_node
+    timeout_s = max(CHOOSING_TIMEOUT_S, cfg.collective_timeout_s)
+    # the other ranks wait while rank 0 fits the cost model (seconds to a minute): on a group
+    # of their own with room for that, not under the run's collective timeout
+    waiting = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
     began = time.perf_counter()
-    probe = probe_inter_node(cfg.ranks_per_node)
-    probe["seconds"] = time.perf_counter() - began
-    message = None
-    if dist.get_rank() == 0:
-        try:
-            chosen, info = choose(cfg, nodes, probe)
-            message = {"chosen": chosen, "info": info}
-        except (ValueError, FileNotFoundError) as exc:
-            message = {"error": str(exc)}
-    message = _broadcast_json(message)
+    try:
+        probe = probe_inter_node(cfg.ranks_per_node, timeout_s)
+        probe["seconds"] = time.perf_counter() - began
+        message = None
+        if dist.get_rank() == 0:
+            try:
+                chosen, info = choose(cfg, nodes, probe)
+                message = {"chosen": chosen, "info": info}
+            except Exception as exc:  # every rank ends with rank 0's error, none waits on
+                message = {"error": f"{exc}" if isinstance(exc, (ValueError, OSError))
+                           else f"{type(exc).__name__}: {exc}"}
+        message = _broadcast_json(message, waiting)
+    finally:
+        dist.destroy_process_group(waiting)
     if "error" in message:
         raise ValueError(message["error"])
     # before training starts: like the compute probe, not in the run's time to target
