@@ -98,6 +98,7 @@ COMPUTE_RANGE = (1e-5, 1e4)  # seconds per iteration
 # Measured over modelled inter-node bytes: beyond these a run's counters measured something else
 # (another job's traffic, a model the simulator traced wrongly), not an algorithm's framing.
 BYTES_SCALE_RANGE = (0.5, 4.0)
+COUNTED = "interface counters"  # compare's inter_node_mb_source for measured bytes
 # The most an algorithm's unexplained fixed cost per step may be (seconds).
 STEP_EXTRA_MAX_S = 5.0
 # The shared parameters are fitted with a robust loss (errors beyond ~5% count less and less):
@@ -272,7 +273,9 @@ def _read_run(raw: dict, setting: dict, where: str, source: str) -> Run | str:
     return Run(source, measured, modelled, cluster.nodes, cluster.ranks_per_node,
                rate_bps(_pick(merged, "inter_node_bandwidth")), key, layers,
                float(_pick(merged, "density", 0.01)), wire, seconds, compute_s, hook_s,
-               extra={k: raw[k] for k in ("inter_node_mb_per_iter",) if raw.get(k) is not None},
+               # bytes counted at the node interfaces, not estimated from the traffic model
+               extra={k: raw[k] for k in ("inter_node_mb_per_iter",) if raw.get(k) is not None
+                      and raw.get("inter_node_mb_source", COUNTED) == COUNTED},
                shapes=None if shapes is None else tuple(shapes), powersgd_rank=rank,
                sparse_wire=sparse_wire)
 
