@@ -14,6 +14,9 @@ its table and the command that reproduces it.
      "columns": ["algorithm", "nonfinite", "median_s", "vs_skip"],
      "where": {"nonfinite": "raise"}}          (optional: which rows the table shows)
 
+and optionally ``"rows": "runs"``: the file's list that holds the rows (default ``rows``; a
+``thinwire compare`` results.json keeps its runs under ``runs``).
+
 ``file`` is a benchmark's ``--json`` output (a ``rows`` list), copied under docs/results/ from
 where its command wrote it; a figure names exactly one row. Nothing here measures: a figure
 changes only when its JSON is replaced by a new run of its command.
@@ -48,8 +51,8 @@ class ClaimError(ValueError):
     """A claim that cannot be rendered from its data: names the claim and what is wrong."""
 
 
-def _rows(data, title: str) -> list[dict]:
-    rows = data.get("rows") if isinstance(data, dict) else None
+def _rows(data, title: str, key: str = "rows") -> list[dict]:
+    rows = data.get(key) if isinstance(data, dict) else None
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
         raise ClaimError(f"claim {title!r}: its file holds no 'rows' list of objects")
     return rows
@@ -84,7 +87,7 @@ def render_claim(claim: dict, results: Path = RESULTS) -> str:
         data = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise ClaimError(f"claim {title!r}: {path} is not JSON ({exc})") from None
-    rows = _rows(data, title)
+    rows = _rows(data, title, claim.get("rows", "rows"))
     figures = {name: _figure(rows, spec, title, name)
                for name, spec in claim.get("figures", {}).items()}
     try:

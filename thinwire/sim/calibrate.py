@@ -43,7 +43,7 @@ Two terms are each algorithm's own, learned from the calibration runs and carrie
 * its measured over modelled inter-node bytes per step (``inter_node_mb_per_iter``, which
   compare reads from the node interfaces): framing, headers and resends the model's volumes
   leave out cost wire time in proportion (DLCP: 1.89x on MNIST);
-* a fixed cost per step the shared fit leaves unexplained (Ok-Topk's threshold work: ~240 ms
+* a fixed cost per step the shared fit leaves unexplained (Ok-Topk's threshold work: ~280 ms
   on MNIST), fitted after the shared parameters, which use a robust loss so that one
   algorithm's missing cost does not bend them, and only from runs whose wire takes under half
   the step (where the wire is most of it, a constant and the goodput cannot be told apart).
