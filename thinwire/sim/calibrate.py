@@ -298,6 +298,12 @@ def read_runs(paths) -> tuple[list[Run], list[str]]:
     return runs, skipped
 
 
+def reindexed(runs: list[Run]) -> list[Run]:
+    """``runs`` with their setting indices renumbered among themselves (a subset to fit)."""
+    keys = sorted({setting_key(r) for r in runs})
+    return [dataclasses.replace(r, setting_index=keys.index(setting_key(r))) for r in runs]
+
+
 def setting_key(run: Run) -> tuple:
     """What makes two runs the same setting (cluster shape, rate, model): they share a fit."""
     return (run.nodes, run.ranks_per_node, run.inter_bps or 0.0, run.layers_key)

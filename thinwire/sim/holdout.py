@@ -30,18 +30,13 @@ import dataclasses
 import statistics
 from collections import defaultdict
 
-from thinwire.sim.calibrate import (Run, rate_bps, setting_key, fit, mode_name, overlap_modes,
-                                    predict, read_runs, scales_json)
+from thinwire.sim.calibrate import (Run, rate_bps, reindexed, fit, mode_name,
+                                    overlap_modes, predict, read_runs, scales_json)
 
 COMPUTE_SOURCES = ("calibrated", "probe")
 REPEATS = ("each", "median")
 SENSITIVITY = 0.8   # each inter-node parameter scaled by this factor
 IDENTIFIED = 0.02   # ... must move some calibration run's prediction by at least this much
-
-
-def _reindexed(runs: list[Run]) -> list[Run]:
-    keys = sorted({setting_key(r) for r in runs})
-    return [dataclasses.replace(r, setting_index=keys.index(setting_key(r))) for r in runs]
 
 
 def _held_out_prediction(run: Run, params: dict, train: list[Run], compute_s: float,
@@ -87,7 +82,7 @@ def holdout(paths, calibrate_at: str, overlap: str = "hooks", repeats: str = "ea
     runs, skipped = read_runs(paths)
     if repeats == "median":
         runs = median_of_repeats(runs)
-    train = _reindexed([r for r in runs if r.inter_bps == rate])
+    train = reindexed([r for r in runs if r.inter_bps == rate])
     held = [r for r in runs if r.inter_bps != rate]
     rates = sorted({r.inter_bps or 0.0 for r in runs})
     if not train:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from thinwire import collectives
 from thinwire.sim import powersgd
 from thinwire.sim.calibrate import (ALGORITHM_ALIASES, Run, fit, mode_name, overlap_modes,
-                                    predict, predict_diloco, rate_bps, read_runs)
-from thinwire.sim.steps import Candidate, candidate_of, entries_for, read_table
+                                    predict, predict_diloco, rate_bps, read_runs, reindexed)
+from thinwire.sim.steps import candidate_of, entries_for, merged_spread, read_table
 from thinwire.train import modes, settings as train_settings
 from thinwire.train import race_config
 
@@ -239,10 +239,7 @@ def calibrated(paths, calibrate_at: str | None, form: str, overlap: str = "hooks
         runs = [r for r in runs if r.inter_bps == rate]
         if not runs:
             raise ValueError(f"--calibrate-at {calibrate_at}: no calibration run at that rate")
-        keys = sorted({(r.nodes, r.ranks_per_node, r.inter_bps or 0.0, r.layers_key)
-                       for r in runs})
-        runs = [dataclasses.replace(r, setting_index=keys.index(
-            (r.nodes, r.ranks_per_node, r.inter_bps or 0.0, r.layers_key))) for r in runs]
+        runs = reindexed(runs)
     fits = [(fit(runs, mode, form), mode) for mode in overlap_modes(overlap)]
     (params, _), mode = min(fits, key=lambda item: item[0][1])
     return params, mode, runs
@@ -295,16 +292,11 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
         "nodes": nodes, "ranks_per_node": ranks_per_node, "compute_s": compute_s,
         "phase_form": form, "overlap": mode_name(mode), "calibrate_at": calibrate_at,
         "calibration": [str(p) for p in calibration], "steps_from": [str(p) for p in steps_files],
-        "steps_spread_over_seeds": _spread(entries.values()),
+        "steps_spread_over_seeds": merged_spread(entries.values()),
         "steps_table": [e.row() for e in entries.values()],
         "break_even": break_even(setting, params, mode, model, layers.layers, entries),
         "plans": plans, "notes": notes,
     }
-
-
-def _spread(entries) -> float | None:
-    from thinwire.sim.steps import merged_spread
-    return merged_spread(entries)
 
 
 def measured_times(paths) -> dict:
