@@ -150,3 +150,16 @@ def test_a_race_with_an_auto_run_plans_without_it(tmp_path):
     assert {c.algorithm for c in entries} == {"allreduce", "hitopk"}
     assert any("chose its algorithm when it started" in n and "hitopk d=0.05" in n
                for n in notes)
+
+
+def test_calibration_runs_paced_by_the_host_are_named_in_a_warning(tmp_path, capsys):
+    path = _results(tmp_path)
+    data = json.loads(path.read_text())
+    data["runs"][0]["fidelity"] = {"verdict": "host"}
+    data["runs"][1]["fidelity"] = {"verdict": "link"}
+    path.write_text(json.dumps(data))
+    assert thinwire_main(["plan", "--calibrate", str(path), "--inter-node-bandwidth",
+                          "50mbit"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: 1 of 6 calibration runs were paced by the host" in out
+    assert "allreduce@50mbit" in out

@@ -274,8 +274,12 @@ def _read_run(raw: dict, setting: dict, where: str, source: str) -> Run | str:
                rate_bps(_pick(merged, "inter_node_bandwidth")), key, layers,
                float(_pick(merged, "density", 0.01)), wire, seconds, compute_s, hook_s,
                # bytes counted at the node interfaces, not estimated from the traffic model
-               extra={k: raw[k] for k in ("inter_node_mb_per_iter",) if raw.get(k) is not None
-                      and raw.get("inter_node_mb_source", COUNTED) == COUNTED},
+               extra={**{k: raw[k] for k in ("inter_node_mb_per_iter",)
+                         if raw.get(k) is not None
+                         and raw.get("inter_node_mb_source", COUNTED) == COUNTED},
+                      # the fidelity monitor's verdict: "host" where the host set the pace
+                      **({"fidelity": raw["fidelity"].get("verdict")}
+                         if isinstance(raw.get("fidelity"), dict) else {})},
                shapes=None if shapes is None else tuple(shapes), powersgd_rank=rank,
                sparse_wire=sparse_wire)
 

@@ -295,8 +295,20 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
         "steps_spread_over_seeds": merged_spread(entries.values()),
         "steps_table": [e.row() for e in entries.values()],
         "break_even": break_even(setting, params, mode, model, layers.layers, entries),
-        "plans": plans, "notes": notes,
+        "plans": plans, "notes": notes, "warnings": host_bound_note(runs),
     }
+
+
+def host_bound_note(runs: list) -> list[str]:
+    """A note where calibration runs were paced by the host, not their link (the fidelity
+    monitor's verdict): their step times measure CPU contention, which the fit reads as a slow
+    link (on the LM at 1 Gbit/s, 6 of 10 runs; the model then missed by up to 85%)."""
+    host = [r for r in runs if r.extra.get("fidelity") == "host"]
+    if not host:
+        return []
+    names = ", ".join(f"{r.algorithm}@{(r.inter_bps or 0) / 1e6:g}mbit" for r in host)
+    return [f"{len(host)} of {len(runs)} calibration runs were paced by the host, not their "
+            f"link (fidelity monitor): {names}; predictions lean on them at your risk"]
 
 
 def measured_times(paths) -> dict:

@@ -93,6 +93,8 @@ def _print(plan: dict) -> None:
     print(f"\nbreak-even: {plan['break_even']['note']}")
     for note in plan["notes"]:
         print(f"left out: {note}")
+    for warning in plan["warnings"]:
+        print(f"warning: {warning}")
 
 
 def _print_check(check: dict) -> None:
