@@ -121,11 +121,11 @@ def time_to_target(cfg, steps: float, setting: Setting, params: dict, layers_key
 
 
 def rank(setting: Setting, params: dict, overlap, layers_key: str, layers: list,
-         entries: dict) -> list[dict]:
-    """One row per candidate, those with measured steps first by predicted time to target."""
+         entries: dict, candidates: dict) -> list[dict]:
+    """One row per candidate (``candidates``: :func:`grid`'s), those with measured steps first
+    by predicted time to target."""
     rows = []
-    for cand, cfg in grid(setting.workload, setting.nodes, setting.ranks_per_node,
-                          entries).items():
+    for cand, cfg in candidates.items():
         row = step_time(cfg, setting, params, layers_key, layers, overlap)
         entry = entries.get(cand)
         steps = entry.estimate if entry is not None else None
@@ -153,22 +153,9 @@ def rank(setting: Setting, params: dict, overlap, layers_key: str, layers: list,
 def command(cfg, setting: Setting) -> dict:
     """How to run a candidate: on the emulated cluster (compare) and on a real one (torchrun,
     with the settings that differ from thinwire train's defaults)."""
-    flags = []
-    for s in train_settings.SETTINGS:
-        value = getattr(cfg, s.name)
-        if s.concern not in COMMAND_CONCERNS or value is None or \
-                (value == s.default and s.name != "algorithm"):
-            continue
-        if s.applies is not None and not s.applies(cfg):
-            continue
-        flags += [s.cli_flag] if s.type is bool else [s.cli_flag, str(value)]
+    flags = _flags(cfg, COMMAND_CONCERNS, with_algorithm=True)
     rate = "none" if setting.inter_bps is None else rate_text(setting.inter_bps)
-    own = []
-    for s in train_settings.SETTINGS:
-        value = getattr(cfg, s.name)
-        if s.concern in ("sync", "diloco") and s.name != "algorithm" and value != s.default \
-                and (s.applies is None or s.applies(cfg)):
-            own += [s.cli_flag] if s.type is bool else [s.cli_flag, str(value)]
+    own = _flags(cfg, ("sync", "diloco"), with_algorithm=False)  # compare names it itself
     compare = (f"thinwire compare --workload {setting.workload} --algorithms {cfg.algorithm} "
                f"--nodes {setting.nodes} --ranks-per-node {setting.ranks_per_node} "
                f"--inter-node-bandwidth {rate} " + " ".join(own) + " --out results/plan")
@@ -178,17 +165,32 @@ def command(cfg, setting: Setting) -> dict:
     return {"compare": " ".join(compare.split()), "train": " ".join(train.split())}
 
 
+def _flags(cfg, concerns: tuple, with_algorithm: bool) -> list[str]:
+    """The command-line flags of ``cfg``'s settings of ``concerns`` that differ from their
+    defaults and apply to its run (a bool as its bare flag)."""
+    flags = []
+    for s in train_settings.SETTINGS:
+        value = getattr(cfg, s.name)
+        if s.concern not in concerns or value is None or (s.applies and not s.applies(cfg)):
+            continue
+        if s.name == "algorithm" and not with_algorithm:
+            continue
+        if value == s.default and s.name != "algorithm":
+            continue
+        flags += [s.cli_flag] if s.type is bool else [s.cli_flag, str(value)]
+    return flags
+
+
 def rate_text(bps: float) -> str:
     """A rate as the emulator's options spell it (1e9 -> 1gbit, 2.5e8 -> 250mbit)."""
     return f"{bps / 1e9:g}gbit" if bps >= 1e9 and bps % 1e9 == 0 else f"{bps / 1e6:g}mbit"
 
 
 def break_even(setting: Setting, params: dict, overlap, layers_key: str, layers: list,
-               entries: dict) -> dict:
+               entries: dict, candidates: dict) -> dict:
     """The link rate below which the fastest compressed candidate with measured steps reaches
     the target before the fastest dense one (bisection on a log scale)."""
-    configs = {c: cfg for c, cfg in grid(setting.workload, setting.nodes,
-                                          setting.ranks_per_node, entries).items()
+    configs = {c: cfg for c, cfg in candidates.items()
                if c in entries and entries[c].estimate is not None}
     dense = {c: cfg for c, cfg in configs.items() if c.algorithm in DENSE}
     compressed = {c: cfg for c, cfg in configs.items() if c not in dense}
@@ -279,10 +281,11 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
         if compute_s is None:
             raise ValueError(f"--compute-ms: the calibration has no run on {nodes} x "
                              f"{ranks_per_node}; give the compute time per step measured there")
+    candidates = grid(workload, nodes, ranks_per_node, entries)  # the same at every rate
     plans = []
     for rate in rates:
         setting = Setting(workload, nodes, ranks_per_node, rate_bps(rate), compute_s)
-        rows = rank(setting, params, mode, model, layers.layers, entries)
+        rows = rank(setting, params, mode, model, layers.layers, entries, candidates)
         plans.append({"rate": rate, "inter_node_bps": setting.inter_bps, "rows": rows,
                       "best": next((r for r in rows if r["time_to_target_s"] is not None),
                                    None)})
@@ -294,7 +297,8 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
         "calibration": [str(p) for p in calibration], "steps_from": [str(p) for p in steps_files],
         "steps_spread_over_seeds": merged_spread(entries.values()),
         "steps_table": [e.row() for e in entries.values()],
-        "break_even": break_even(setting, params, mode, model, layers.layers, entries),
+        "break_even": break_even(setting, params, mode, model, layers.layers, entries,
+                                 candidates),
         "plans": plans, "notes": notes, "warnings": host_bound_note(runs),
     }
 
