@@ -32,7 +32,7 @@ class TopK:
     """Top-k compressor: ``k = ceil(density * numel)`` entries chosen by ``selector``."""
 
     density: float
-    selector: str = "mstopk"
+    selector: str = "auto"
     options: dict = field(default_factory=dict)
     # per key (a bucket): (numel, threshold, factor) carried to its next selection; see select
     hints: dict = field(default_factory=dict, repr=False, compare=False)

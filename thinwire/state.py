@@ -88,7 +88,7 @@ class SyncState:
     """
 
     def __init__(self, topology, algorithm: str = "hitopk", density: float = 0.01,
-                 selector: str = "mstopk", selector_options: dict | None = None,
+                 selector: str = "auto", selector_options: dict | None = None,
                  wire: str | None = None, error_feedback: bool = True,
                  dense_below_bytes: int = DEFAULT_DENSE_BELOW_BYTES,
                  momentum_correction: float = 0.0, dense_iterations: int = 0,

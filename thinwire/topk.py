@@ -34,7 +34,18 @@ import torch
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # "mstopk-carry": mstopk, except that the sparse algorithms first try the threshold carried from
 # the bucket's previous selection (compress.TopK.select; a plain call searches as mstopk does)
-METHODS = ("mstopk", "mstopk-carry", "exact", "sampled")
+# "auto" (the default): torch.topk ("exact") on a GPU, "mstopk" on the CPU. On an H100 a 25 MiB
+# bucket (6.55M fp32 entries, k = 1%) took 0.46 ms with torch.topk and 6.2 ms with thinwire's
+# MSTopK, whose ~30 small tensor operations a pass are bound by their launches there; on the
+# CPU MSTopK's shrinking working set is what beats torch.topk (docs/results.md, "GPU").
+METHODS = ("auto", "mstopk", "mstopk-carry", "exact", "sampled")
+
+
+def resolve(method: str, device: torch.device) -> str:
+    """The selector that ``method`` names on ``device`` ("auto" picks by device type)."""
+    if method == "auto":
+        return "mstopk" if device.type in ("cpu", "meta") else "exact"
+    return method
 
 # Entries per block when the CPU streams over a large tensor: small enough that temporaries stay
 # in cache and come from the allocator's reused heap instead of fresh (page-faulting) mappings.
@@ -48,6 +59,8 @@ _DENSE_HITS = 8 * _ROW
 _HINT_SAMPLE = 1 << 16
 # Elements x thresholds compared at once when counting; bounds the temporary boolean matrix.
 _COUNT_BLOCK = 1 << 24
+# The same on a GPU (a boolean matrix of up to 256 MiB): its memory is no cache to stay in.
+_DEVICE_COUNT_BLOCK = 1 << 28
 
 
 # --------------------------------------------------------------------------- validation
@@ -175,8 +188,10 @@ def _mean_abs(flat: torch.Tensor) -> torch.Tensor:
 
 
 def _count_at_least(values: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
-    """``counts[j] = #(values >= thresholds[j])`` for every threshold, in blocks of elements."""
-    step = max(1, _COUNT_BLOCK // max(1, thresholds.numel()))
+    """``counts[j] = #(values >= thresholds[j])`` for every threshold, in blocks of elements
+    (on a GPU in few large blocks: each block is kernel launches, not cache misses)."""
+    block = _COUNT_BLOCK if values.device.type == "cpu" else _DEVICE_COUNT_BLOCK
+    step = max(1, block // max(1, thresholds.numel()))
     counts = torch.zeros(thresholds.numel(), dtype=torch.int64, device=values.device)
     column = thresholds.unsqueeze(1)
     for start in range(0, values.numel(), step):
@@ -292,13 +307,16 @@ class _ThresholdSearch:
                                  torch.full_like(counts, self.k + 1), counts)
         above = counts > self.k  # true for a prefix: counts fall as the threshold rises
         n_above = above.sum()
-        last_above = (n_above - 1).clamp(min=0)
-        first_at_most = n_above.clamp(max=self.per_pass - 1)
+        last_above = (n_above - 1).clamp(min=0).view(1)
+        first_at_most = n_above.clamp(max=self.per_pass - 1).view(1)
         has_above, has_at_most = n_above > 0, n_above < self.per_pass
-        self.low = torch.where(has_above, ratios[last_above], self.low)
-        self.thres2 = torch.where(has_above, thresholds[last_above], self.thres2)
-        self.high = torch.where(has_at_most, ratios[first_at_most], self.high)
-        self.thres1 = torch.where(has_at_most, thresholds[first_at_most], self.thres1)
+        # gather, not ratios[t]: indexing by a 0-d tensor reads it to the host, a device
+        # synchronisation per pick (four a pass: on an H100 they made the search 20x slower)
+        self.low = torch.where(has_above, ratios.gather(0, last_above)[0], self.low)
+        self.thres2 = torch.where(has_above, thresholds.gather(0, last_above)[0], self.thres2)
+        self.high = torch.where(has_at_most, ratios.gather(0, first_at_most)[0], self.high)
+        self.thres1 = torch.where(has_at_most, thresholds.gather(0, first_at_most)[0],
+                                  self.thres1)
 
     def shrink(self, members, magnitudes):
         """Drop working-set entries under the band's floor (CPU: the read-back is free)."""
@@ -388,9 +406,12 @@ def select(x: torch.Tensor, k: int, method: str = "mstopk",
            **options) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k by magnitude with the named method (one of METHODS; "mstopk-carry" searches as
     "mstopk": the carried threshold lives in compress.TopK, per bucket)."""
-    if method not in _SELECTORS:
+    if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
-    return _SELECTORS[method](x, k, **options)
+    if method == "auto" and options:
+        raise ValueError(f"selector options {sorted(options)} need a named selector; 'auto' "
+                         "picks exact or mstopk by device, so name one of them")
+    return _SELECTORS[resolve(method, x.device)](x, k, **options)
 
 
 def captured_mass(x: torch.Tensor, indices: torch.Tensor) -> float:

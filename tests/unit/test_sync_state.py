@@ -28,7 +28,7 @@ def test_density_outside_unit_interval(density):
 
 
 def test_unknown_selector_and_wire_dtype():
-    with pytest.raises(ValueError, match="selector must be one of mstopk, mstopk-carry, exact, sampled"):
+    with pytest.raises(ValueError, match="selector must be one of auto, mstopk, mstopk-carry, exact, sampled"):
         SyncState(None, "hitopk", 0.01, selector="sort")
     with pytest.raises(ValueError, match="wire must be one of none, fp16, bf16, got 'int8'"):
         SyncState(None, "allreduce", wire="int8")

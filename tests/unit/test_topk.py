@@ -205,7 +205,7 @@ def test_k_for_density_rounds_up_and_keeps_at_least_one():
 
 
 def test_unknown_method_lists_the_allowed_ones():
-    with pytest.raises(ValueError, match="method must be one of mstopk, mstopk-carry, exact, sampled, got 'fast'"):
+    with pytest.raises(ValueError, match="method must be one of auto, mstopk, mstopk-carry, exact, sampled, got 'fast'"):
         topk.select(torch.randn(10), 2, "fast")
 
 

@@ -18,6 +18,7 @@ BENCH_MODULES = [
     "thinwire.bench.topk",
     "thinwire.bench.optim",
     "thinwire.bench.sync",
+    "thinwire.bench.ddp_hook",
     "thinwire.bench.cache",
     "thinwire.bench.des",
     "thinwire.bench.cpr",

@@ -22,7 +22,7 @@ COLUMNS = ("algorithm", "nonfinite", "median_s", "vs_allreduce", "vs_topk_allgat
 
 
 def run(spec, size: int = 25_600_000, bucket_mb: float = 25.0, density: float = 0.01,
-        selector: str = "mstopk", algorithms=None, repeats: int = 5,
+        selector: str = "auto", algorithms=None, repeats: int = 5,
         timeout_s: float = 1800, collective_timeout_s: float = 300.0,
         algorithm_options: dict | None = None,
         nonfinite: tuple = ("raise",)) -> dict:
@@ -104,7 +104,7 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--bucket-mb", type=number(0, 10240, low_open=True), default=25.0, help="gradient bucket size in MiB")
     parser.add_argument("--density", type=number(0, 1, low_open=True), default=0.01,
                         help="sparse algorithms: share of entries sent")
-    parser.add_argument("--selector", default="mstopk", choices=topk.METHODS,
+    parser.add_argument("--selector", default="auto", choices=topk.METHODS,
                         help=f"top-k selection method: {', '.join(topk.METHODS)}")
     parser.add_argument("--algorithms", nargs="+", choices=list(collectives.names()),
                         default=list(collectives.names()), help="algorithms to time")

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from thinwire.collectives import costs, traffic
-from thinwire.collectives.primitives import padded, reduce_scatter
+from thinwire.collectives.primitives import all_gather_single, padded, reduce_scatter
 from thinwire.collectives.registry import Algorithm, register
 from thinwire.compress import to_wire
 
@@ -22,7 +22,7 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     with state.timer("inter", members=topo.nodes):
         dist.all_reduce(shard, group=topo.inter)
     with state.timer("intra", members=n):
-        dist.all_gather_single(full, shard, group=topo.intra)
+        all_gather_single(full, shard, group=topo.intra)
     size = full.element_size()
     state.record(traffic.intra_reduce_scatter(topo, full.numel(), size))
     state.record(traffic.inter_allreduce(topo, shard.numel(), size))

@@ -17,11 +17,11 @@ from __future__ import annotations
 import warnings
 
 import torch
-import torch.distributed as dist
 
 from thinwire.collectives import costs, traffic
-from thinwire.collectives.primitives import (padded, reduce_scatter, select_and_allgather,
-                                              sum_blocks)
+from thinwire.collectives.primitives import (all_gather_single, padded, reduce_scatter,
+                                            select_and_allgather,
+                                            sum_blocks)
 from thinwire.collectives.registry import Algorithm, register
 from thinwire.compress import packed_bytes, to_wire
 
@@ -61,7 +61,7 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     if sparse_back(m, s, k, value_dtype, wire_size):
         node = torch.empty(n * received.numel(), dtype=torch.uint8, device=received.device)
         with state.timer("intra", members=n):
-            dist.all_gather_single(node, received, group=topo.intra)
+            all_gather_single(node, received, group=topo.intra)
         state.record(traffic.Traffic(intra=(n - 1) * received.numel()))
         out = torch.zeros(n * s, dtype=flat.dtype, device=flat.device)
         for j, blocks in enumerate(node.chunk(n)):  # member j's shard of the node's sum
@@ -71,7 +71,7 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     dense = sum_blocks(received, m, k, value_dtype, s, flat.dtype).div_(topo.world_size)
     gathered = torch.empty_like(full)
     with state.timer("intra", members=n):
-        dist.all_gather_single(gathered, to_wire(dense, state.wire_dtype), group=topo.intra)
+        all_gather_single(gathered, to_wire(dense, state.wire_dtype), group=topo.intra)
     state.record(traffic.intra_allgather(topo, full.numel(), wire_size))
     return gathered[:flat.numel()].to(flat.dtype)
 

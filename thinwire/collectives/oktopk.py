@@ -51,7 +51,8 @@ import torch
 import torch.distributed as dist
 
 from thinwire.collectives import costs, traffic
-from thinwire.collectives.primitives import corrected_copy, sparse_alltoall, sum_sparse
+from thinwire.collectives.primitives import (all_gather_single, corrected_copy, sparse_alltoall,
+                                            sum_sparse)
 from thinwire.collectives.registry import Algorithm, register
 from thinwire.options import Option
 from thinwire.topk import entries_at_least
@@ -106,7 +107,7 @@ def _gather_counts(state, count: int, phase: str, device) -> list[int]:
     mine = torch.tensor([count], dtype=torch.int64, device=device)
     every = torch.empty(topo.world_size, dtype=torch.int64, device=device)
     with state.timer(phase):
-        dist.all_gather_single(every, mine, group=topo.world)
+        all_gather_single(every, mine, group=topo.world)
     state.record(traffic.world_allgather(topo, COUNT_BYTES))
     return every.tolist()
 

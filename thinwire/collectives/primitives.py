@@ -10,6 +10,13 @@ import torch.distributed as dist
 from thinwire.collectives import traffic
 from thinwire.compress import pack, packed_bytes, to_sparse_wire, to_wire, unpack
 
+# torch 2.13 names these all_gather_single / reduce_scatter_single and deprecates the older
+# *_into_tensor / *_tensor names; the CUDA builds users (and the `device` tool's GPUs) run may
+# be older and have only those. Every collective call goes through these two names.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or \
+    dist.reduce_scatter_tensor
+
 
 def padded(flat: torch.Tensor, parts: int) -> torch.Tensor:
     """A copy of ``flat`` zero-padded to a multiple of ``parts`` (shards must be equal)."""
@@ -34,7 +41,7 @@ def reduce_scatter(shard: torch.Tensor, full: torch.Tensor, group, group_size: i
         dist.all_to_all_single(received, full, group=group)
         torch.sum(received.view(group_size, -1), dim=0, out=shard)
     else:
-        dist.reduce_scatter_single(shard, full, group=group)
+        reduce_scatter_single(shard, full, group=group)
 
 
 def dense_allreduce(state, flat: torch.Tensor) -> torch.Tensor:
@@ -62,8 +69,9 @@ def sum_sparse(parts, numel: int, dtype, device, out: torch.Tensor | None = None
     dense = torch.zeros(numel, dtype=dtype, device=device) if out is None else out
     parts = list(parts)
     if parts:  # values that travelled narrower than the sum's dtype widen exactly here
-        dense.index_add_(0, torch.cat([i for _, i in parts]),
-                         torch.cat([v for v, _ in parts]).to(dtype))
+        # .to(device): dlcp's datagrams arrive in host memory whatever the gradient's device
+        dense.index_add_(0, torch.cat([i for _, i in parts]).to(device),
+                         torch.cat([v for v, _ in parts]).to(device, dtype))
     return dense
 
 
@@ -113,7 +121,7 @@ def select_and_allgather(state, bucket_index: int, corrected: torch.Tensor, grou
     gathered = torch.empty(group_size * payload.numel(), dtype=torch.uint8,
                            device=payload.device)
     with state.timer(phase, members=group_size):
-        dist.all_gather_single(gathered, payload, group=group)
+        all_gather_single(gathered, payload, group=group)
     return gathered, values.numel(), values.dtype, payload.numel()
 
 

@@ -17,11 +17,11 @@ implemented. (Buckets under ``state.dense_below_bytes`` are all-reduced densely 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from thinwire.collectives import costs, traffic
-from thinwire.collectives.primitives import (corrected_copy, select_shards_for_wire,
-                                              sparse_alltoall, sum_sparse)
+from thinwire.collectives.primitives import (all_gather_single, corrected_copy,
+                                            select_shards_for_wire,
+                                            sparse_alltoall, sum_sparse)
 from thinwire.collectives.registry import Algorithm, register
 from thinwire.compress import packed_bytes, to_wire
 
@@ -37,7 +37,7 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     own = to_wire(own, state.wire_dtype)
     full = torch.empty(p * length, dtype=own.dtype, device=own.device)
     with state.timer(phase):
-        dist.all_gather_single(full, own, group=topo.world)
+        all_gather_single(full, own, group=topo.world)
     k = parts[0][0].numel()
     state.record(traffic.world_alltoall(topo, packed_bytes(k, parts[0][0].dtype, length)))
     state.record(traffic.world_allgather(topo, length * own.element_size()))

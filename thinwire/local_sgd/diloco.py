@@ -100,7 +100,7 @@ class DiLoCo:
         if wire is not None:
             options["wire"] = wire
         if density is not None and algorithm != sparse_outer.NAME:
-            options.update(density=density, selector=selector or "mstopk")
+            options.update(density=density, selector=selector or "auto")
         self._owns_topology = topology is None  # close() releases only what it built
         if topology is None:
             from thinwire.topology import Topology

@@ -73,9 +73,10 @@ def _node_leaders_group(ranks_per_node: int, timeout_s: float):
 
 
 def _probe_device() -> torch.device:
-    """Where the probe's buffers live: NCCL takes device tensors only, and the probe must
-    measure the backend the run trains with."""
-    if dist.get_backend() == "nccl":
+    """Where the probe's buffers live: the gradients' device where NCCL carries them (a CUDA
+    run's group is "cpu:gloo,cuda:nccl"), so the probe measures the backend the run trains
+    with."""
+    if "nccl" in str(dist.get_backend()):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 

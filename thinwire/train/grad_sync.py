@@ -124,7 +124,7 @@ _POWERSGD_SLOTS = ("iter", "error_dict", "p_memory_dict", "q_memory_dict", "rng"
 
 
 def register(model: DistributedDataParallel, algorithm: str, density: float = 0.01,
-             selector: str = "mstopk", powersgd_rank: int = 4, seed: int = 0,
+             selector: str = "auto", powersgd_rank: int = 4, seed: int = 0,
              ranks_per_node: int | None = None, momentum_correction: float = 0.0,
              dense_warmup_steps: int = 0, weight_decay_in_hook: float = 0.0,
              wire: str | None = None, density_warmup_steps: int = 0,

@@ -82,7 +82,9 @@ def _init_distributed(device: torch.device, timeout_s: float) -> bool:
     transport take theirs from it)."""
     if dist.is_initialized():
         return False
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    # On CUDA the gradients travel by NCCL and the loop's own small CPU tensors (evaluation
+    # totals, the stop decision, checkpoint votes) by gloo: NCCL takes device tensors only.
+    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)
     if "RANK" in os.environ:
         dist.init_process_group(backend, timeout=timeout)

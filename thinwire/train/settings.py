@@ -131,7 +131,7 @@ SETTINGS: tuple[Setting, ...] = (
       applies_to=lambda: f"a sparse algorithm or --outer-algorithm "
                          f"({', '.join(collectives.sparse_names() + (SPARSELOCO,))})",
       concern="sync"),
-    S("selector", str, "mstopk", "top-k selector", choices=grad_sync.SELECTORS,
+    S("selector", str, "auto", "top-k selector", choices=grad_sync.SELECTORS,
       applies=_selector, applies_to="a sparse algorithm's top-k", concern="sync"),
     S("wire", str, "none", "thinwire's algorithms: dtype of the dense parts on the wire",
       choices=tuple(WIRE_DTYPES), applies=lambda c: grad_sync.is_thinwire(c.algorithm),
