@@ -86,6 +86,19 @@ def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None
     return state
 
 
+def flush_residuals(ddp_model: DistributedDataParallel):
+    """:func:`thinwire.sync.flush_residuals` for a model with a thinwire hook: every rank's
+    residuals, averaged, per parameter of ``ddp_model.module.parameters()`` (collective;
+    between steps). Returns ``(flushed, mass)``."""
+    from thinwire.sync import flush_indexed
+
+    state = getattr(ddp_model, "_thinwire_state", None)
+    if state is None:
+        raise ValueError("this model has no thinwire hook (thinwire.ddp.register) to flush")
+    # the hook's layouts index module.parameters(), every one (see _HookContext)
+    return flush_indexed(list(ddp_model.module.parameters()), state)
+
+
 # A registered DDP model's C++ reducer holds the Python hook and its state. Destroyed during
 # the interpreter's final teardown, it takes the GIL to drop them and aborts the process
 # ("terminate called without an active exception"). Two ways a model lives that long: it is

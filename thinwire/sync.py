@@ -71,3 +71,81 @@ def _reduce_buckets(params, state, bucket_bytes: int, position: dict) -> None:
             p.grad.copy_(averaged[offset:offset + p.numel()].view_as(p.grad))
             offset += p.numel()
     state.end_step()
+
+
+def flush_residuals(parameters: Iterable[torch.Tensor], state):
+    """Every rank's error-feedback residual, averaged over all ranks, as gradients (collective,
+    dense): returns ``(flushed, mass)`` and empties the residuals (and momentum correction's
+    velocities).
+
+    ``flushed[i]`` is what the residuals held for parameter ``i``, in the units of a
+    synchronised gradient (zero where none). Add it to the next step's synchronised ``.grad``
+    (before ``optimizer.step()``) and the mass a sparse algorithm held back is applied: the
+    steps' synchronised gradients plus the flush sum to the average of every rank's gradients
+    over those steps (sent + kept = corrected, with nothing kept after). For a switch to
+    another algorithm, density or selector, whose residuals would mean other coordinates.
+
+    ``parameters``: those given to :func:`synchronize` (its trainable ones, in model order);
+    for DDP use :func:`thinwire.ddp.flush_residuals`. ``mass``: this rank's flushed residual
+    before averaging (``ErrorFeedback.mass``: l1, sum, elements) and the buckets flushed.
+    """
+    return flush_indexed([p for p in parameters if p.requires_grad], state)
+
+
+def flush_indexed(params: list[torch.Tensor], state):
+    """:func:`flush_residuals` with ``params`` indexed as the residuals' layouts index them."""
+    import torch.distributed as dist
+
+    from thinwire import collectives
+
+    topo = state.topology
+    if topo is None:
+        raise RuntimeError("this SyncState has no topology: attach one before flushing")
+    space = collectives.get(state.algorithm).residual_space
+    summed = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in params]
+    for bucket, residual in sorted(state.feedback.residuals.items()):
+        layout = state.feedback.layouts.get(bucket)
+        if layout is None or not layout or min(layout) < 0 or max(layout) >= len(params):
+            raise ValueError(f"the residual of bucket {bucket} names parameters {layout}, not "
+                             f"indices of the {len(params)} parameters given")
+        numel = sum(params[i].numel() for i in layout)
+        flat = _in_bucket_space(space, residual, numel, topo, bucket)
+        offset = 0
+        for i in layout:
+            size = params[i].numel()
+            summed[i].add_(flat[offset:offset + size].view_as(summed[i]))
+            offset += size
+    mass = dict(state.feedback.mass(), buckets=len(state.feedback.residuals))
+    # one dense all-reduce per (dtype, device) of every parameter: a flush costs a dense step
+    kinds: dict = {}
+    for i, tensor in enumerate(summed):
+        kinds.setdefault((tensor.dtype, tensor.device), []).append(i)
+    for members in kinds.values():
+        flat = torch.cat([summed[i].reshape(-1) for i in members])
+        dist.all_reduce(flat, group=topo.world)
+        flat.div_(topo.world_size)
+        offset = 0
+        for i in members:
+            size = summed[i].numel()
+            summed[i] = flat[offset:offset + size].view_as(summed[i])
+            offset += size
+    state.feedback.reset()
+    return summed, mass
+
+
+def _in_bucket_space(space: str, residual: torch.Tensor, numel: int, topo,
+                     bucket: int) -> torch.Tensor:
+    """A residual as a vector over its bucket (canonical order): where it sits there."""
+    if space == "bucket":
+        if residual.numel() != numel:
+            raise ValueError(f"the residual of bucket {bucket} holds {residual.numel()} "
+                             f"entries, its parameters {numel}")
+        return residual
+    n = topo.ranks_per_node  # node_shard: this local rank's slice of the padded node sum
+    shard = residual.numel()
+    if shard * n != numel + (-numel) % n:
+        raise ValueError(f"the residual of bucket {bucket} holds {shard} entries, not a "
+                         f"1/{n} shard of its {numel}")
+    full = torch.zeros(shard * n, dtype=residual.dtype, device=residual.device)
+    full[topo.local_rank * shard:(topo.local_rank + 1) * shard] = residual
+    return full[:numel]

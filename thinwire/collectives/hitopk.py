@@ -94,6 +94,6 @@ def cost(cfg, cluster, net, elements: int, rates) -> costs.BucketCost:
 
 
 ALGORITHM = register(Algorithm(
-    "hitopk", reduce, cost, sparse=True, sparse_wire=True,
+    "hitopk", reduce, cost, sparse=True, sparse_wire=True, residual_space="node_shard",
     summary="HiTopKComm: intra-node reduce-scatter, top-k of the shard all-gathered between "
             "nodes, the received selections all-gathered inside the node"))

@@ -26,6 +26,10 @@ without other edits.
   ``--algorithm-option ALGORITHM:NAME=VALUE`` read them from here; a name the algorithm does
   not declare is refused. ``fill(options) -> options`` (optional) turns a checked
   automatic value into the one the run will use (dlcp: the emulated link's rate).
+* ``residual_space``: where a sparse algorithm's error-feedback residual of a bucket lives, so
+  that :func:`thinwire.sync.flush_residuals` can hand it back as gradient: ``"bucket"`` (the
+  default: this rank's whole bucket, in canonical order) or ``"node_shard"`` (hitopk: this
+  local rank's 1/ranks_per_node slice of the node's summed, zero-padded bucket).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from thinwire.options import Option, check_options, unknown_option
 
 # Below this size a bucket is latency-bound: the sparse algorithms all-reduce it densely.
 DEFAULT_DENSE_BELOW_BYTES = 64 * 1024
+RESIDUAL_SPACES = ("bucket", "node_shard")
 
 
 @dataclass(frozen=True)
@@ -49,8 +54,12 @@ class Algorithm:
     options: tuple[Option, ...] = ()
     sparse_wire: bool = False
     fill: Callable[[dict], dict] | None = None
+    residual_space: str = "bucket"
 
     def __post_init__(self):
+        if self.residual_space not in RESIDUAL_SPACES:
+            raise ValueError(f"Algorithm {self.name!r}: residual_space must be one of "
+                             f"{', '.join(RESIDUAL_SPACES)}, got {self.residual_space!r}")
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise ValueError(f"algorithm name must be a Python identifier (it is also a "
                              f"command-line choice and a checkpoint key), got {self.name!r}")

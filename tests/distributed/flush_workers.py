@@ -1,0 +1,76 @@
+"""Rank functions of test_flush_residuals (importable by the spawned ranks)."""
+
+import torch
+import torch.nn as nn
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import thinwire
+
+SIZES = [(300, 40), (40,), (70, 3), (5,)]  # one bucket above dense_below_bytes, small ones
+
+
+def _gradients(step: int, rank: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return [torch.randn(size, generator=g, dtype=torch.float64).float() for size in SIZES]
+
+
+def _reference(steps: int, world: int) -> list[torch.Tensor]:
+    """The average of every rank's gradients, summed over the steps, in float64."""
+    total = [torch.zeros(size, dtype=torch.float64) for size in SIZES]
+    for step in range(steps):
+        for rank in range(world):
+            for t, g in zip(total, _gradients(step, rank)):
+                t.add_(g.double() / world)
+    return total
+
+
+def synchronize_then_flush(rank, world, algorithm, ranks_per_node, steps=3):
+    """Sparse steps with thinwire.synchronize, then a flush: applied + flushed vs the dense
+    reference, and the residuals are empty after."""
+    state = thinwire.SyncState(thinwire.Topology.build(ranks_per_node=ranks_per_node),
+                               algorithm, density=0.05, selector="exact",
+                               dense_below_bytes=1024)
+    params = [nn.Parameter(torch.zeros(size)) for size in SIZES]
+    applied = [torch.zeros(size, dtype=torch.float64) for size in SIZES]
+    for step in range(steps):
+        for p, g in zip(params, _gradients(step, rank)):
+            p.grad = g.clone()
+        thinwire.synchronize(params, state, bucket_bytes=40_000)
+        for a, p in zip(applied, params):
+            a.add_(p.grad.double())
+    held = state.feedback.mass()["l1"]
+    flushed, mass = thinwire.sync.flush_residuals(params, state)
+    error = max(float((a + f.double() - r).abs().max())
+                for a, f, r in zip(applied, flushed, _reference(steps, world)))
+    return {"error": error, "held_l1": held, "flushed_l1": mass["l1"],
+            "after": state.feedback.mass()["elements"], "buckets": mass["buckets"]}
+
+
+def ddp_then_flush(rank, world, algorithm, ranks_per_node, steps=3):
+    """The same through the DDP hook (its layouts index module.parameters())."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(64, 300), nn.Linear(300, 10))
+    model = DDP(module, bucket_cap_mb=0.05)
+    thinwire.ddp.register(model, algorithm=algorithm, density=0.05, selector="exact",
+                          ranks_per_node=ranks_per_node, dense_below_bytes=1024)
+    applied = [torch.zeros_like(p, dtype=torch.float64) for p in module.parameters()]
+    reference = [torch.zeros_like(p, dtype=torch.float64) for p in module.parameters()]
+    for step in range(steps):
+        g = torch.Generator().manual_seed(step)
+        inputs = [torch.randn(8, 64, generator=g) for _ in range(world)]
+        model.zero_grad()
+        model(inputs[rank]).square().sum().backward()
+        for a, p in zip(applied, module.parameters()):
+            a.add_(p.grad.double())
+        for other in range(world):  # every rank's own gradient, without communication
+            copy = nn.Sequential(nn.Linear(64, 300), nn.Linear(300, 10))
+            copy.load_state_dict(module.state_dict())
+            copy(inputs[other]).square().sum().backward()
+            for r, p in zip(reference, copy.parameters()):
+                r.add_(p.grad.double() / world)
+    flushed, _ = thinwire.ddp.flush_residuals(model)
+    error = max(float((a + f.double() - r).abs().max() / r.abs().max())
+                for a, f, r in zip(applied, flushed, reference))
+    dist.barrier()
+    return {"relative_error": error}
