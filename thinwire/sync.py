@@ -79,7 +79,8 @@ def flush_residuals(parameters: Iterable[torch.Tensor], state):
     velocities).
 
     ``flushed[i]`` is what the residuals held for parameter ``i``, in the units of a
-    synchronised gradient (zero where none). Add it to the next step's synchronised ``.grad``
+    synchronised gradient (zero where none); ``flushed`` is None where no rank holds a
+    residual (a dense algorithm: nothing is sent). Add it to the next step's synchronised ``.grad``
     (before ``optimizer.step()``) and the mass a sparse algorithm held back is applied: the
     steps' synchronised gradients plus the flush sum to the average of every rank's gradients
     over those steps (sent + kept = corrected, with nothing kept after). For a switch to
@@ -101,6 +102,8 @@ def flush_indexed(params: list[torch.Tensor], state):
     topo = state.topology
     if topo is None:
         raise RuntimeError("this SyncState has no topology: attach one before flushing")
+    if not state.feedback.residuals:  # a dense algorithm, or none yet (alike on every rank)
+        return None, dict(state.feedback.mass(), buckets=0)
     space = collectives.get(state.algorithm).residual_space
     summed = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in params]
     for bucket, residual in sorted(state.feedback.residuals.items()):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import logging
 import statistics
@@ -89,21 +90,23 @@ def _timed_all_reduce(buffer: torch.Tensor, group) -> float:
     return time.perf_counter() - begin
 
 
-def probe_inter_node(ranks_per_node: int, timeout_s: float = CHOOSING_TIMEOUT_S) -> dict:
+def probe_inter_node(ranks_per_node: int, timeout_s: float = CHOOSING_TIMEOUT_S,
+                     sizes: tuple = PROBE_BYTES, repeats: int = PROBE_REPEATS) -> dict:
     """Goodput (bytes/s a node sends) and latency between nodes, measured by the first rank
-    of each node; every rank returns the same numbers (broadcast from rank 0)."""
+    of each node; every rank returns the same numbers (broadcast from rank 0). ``sizes``: the
+    two all-reduce sizes (bytes), each timed ``repeats`` times after a first exchange."""
     leaders, group = _node_leaders_group(ranks_per_node, timeout_s)
     nodes = len(leaders)
     device = _probe_device()
     result = torch.zeros(3, dtype=torch.float64, device=device)
     if nodes > 1 and dist.get_rank() in leaders:
         times = {}
-        for size in PROBE_BYTES:
+        for size in sizes:
             buffer = torch.ones(size // 4, dtype=torch.float32, device=device)
             _timed_all_reduce(buffer, group)  # a first exchange opens the connections
             times[size] = statistics.median(_timed_all_reduce(buffer, group)
-                                            for _ in range(PROBE_REPEATS))
-        small, large = PROBE_BYTES
+                                            for _ in range(repeats))
+        small, large = sizes
         per_node = 2 * (nodes - 1) / nodes  # a ring all-reduce sends this share of the size
         extra_s = times[large] - times[small]
         goodput = per_node * (large - small) / extra_s if extra_s > 0 else -1.0
@@ -114,24 +117,35 @@ def probe_inter_node(ranks_per_node: int, timeout_s: float = CHOOSING_TIMEOUT_S)
         dist.destroy_process_group(group)
     goodput, small_s, large_s = result.tolist()
     if nodes > 1 and goodput <= 0:
-        raise ValueError(f"--algorithm auto: the link probe is not usable: {PROBE_BYTES[1]} "
-                         f"bytes took {large_s:.4f} s, no longer than {PROBE_BYTES[0]} bytes "
+        raise ValueError(f"--algorithm auto: the link probe is not usable: {sizes[1]} "
+                         f"bytes took {large_s:.4f} s, no longer than {sizes[0]} bytes "
                          f"({small_s:.4f} s); the link was busy or the host overloaded")
     return {"nodes": nodes, "goodput_Bps": goodput if nodes > 1 else None,
-            "small_bytes": PROBE_BYTES[0], "small_s": small_s,
-            "large_bytes": PROBE_BYTES[1], "large_s": large_s}
+            "small_bytes": sizes[0], "small_s": small_s,
+            "large_bytes": sizes[1], "large_s": large_s}
 
 
-def choose(cfg, nodes: int, probe: dict) -> tuple[dict, dict]:
-    """(settings to apply to ``cfg``, what the summary records), on rank 0."""
-    from thinwire.sim.plan import calibrated, make_plan
+@functools.lru_cache(maxsize=4)
+def _calibrated(files: tuple):
+    """The cost model fitted on ``files`` (seconds to a minute), once per process: re-planning
+    reuses the fit of the first choice."""
+    from thinwire.sim.plan import calibrated
+
+    return calibrated(list(files), None, "max")
+
+
+def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False) -> tuple[dict, dict]:
+    """(settings to apply to ``cfg``, what the summary records), on rank 0.
+    ``per_step_only``: DiLoCo candidates left out (a running per-step loop switches only to
+    another per-step synchronisation)."""
+    from thinwire.sim.plan import make_plan
     from thinwire.sim.steps import WORKLOAD_FIELDS, entries_for, read_table
 
     if probe["goodput_Bps"] is None:
         raise ValueError("--algorithm auto needs at least 2 nodes (one node has no "
                          "inter-node link to choose for)")
     files = plan_files(cfg)
-    fitted = calibrated(files, None, "max")
+    fitted = _calibrated(tuple(files))
     params = fitted[0]
     bps = probe["goodput_Bps"] * 8 / params["inter_efficiency"]
     table, _ = read_table(files)
@@ -145,7 +159,8 @@ def choose(cfg, nodes: int, probe: dict) -> tuple[dict, dict]:
         raise ValueError("--plan-from measured another training than this run's: " + ", ".join(
             f"{k} {a!r} there, {b!r} here" for k, (a, b) in sorted(differ.items())))
     plan = make_plan(files, files, found[0], nodes, cfg.ranks_per_node, [bps], fitted=fitted)
-    rows = [r for r in plan["plans"][0]["rows"] if r["time_to_target_s"] is not None]
+    rows = [r for r in plan["plans"][0]["rows"] if r["time_to_target_s"] is not None
+            and (not per_step_only or modes.mode_of(r["algorithm"]).per_step)]
     if not rows:
         raise ValueError("--plan-from holds no candidate that reached the target")
     best = rows[0]

@@ -111,11 +111,50 @@ class Sync:
             self.layouts.clear()
             self.layouts.update(saved["layouts"])
 
+    def flush(self):
+        """Every rank's residuals, averaged, per parameter of the model (``None`` where the
+        hook keeps none), and this rank's flushed mass; the residuals are emptied (collective).
+        For a switch to another synchronisation (thinwire.train.replan)."""
+        if is_thinwire(self.algorithm):
+            return thinwire.ddp.flush_residuals(self.model)
+        if self.algorithm == "powersgd":
+            return _flush_powersgd(self.state, self.layouts, list(self.model.module.parameters()))
+        return None, {}
+
     def totals(self) -> dict | None:
         """thinwire's own counters (bytes by link class, seconds selecting and communicating)."""
         if is_thinwire(self.algorithm):
             return dict(self.state.totals)
         return None
+
+
+def _flush_powersgd(state, layouts: dict, params: list):
+    """PowerSGD's error feedback (``error_dict``: per bucket, this rank's error over DDP's
+    bucket buffer, its parameters in ``layouts[index]`` order), averaged over the ranks."""
+    import torch
+    import torch.distributed as dist
+
+    if not state.error_dict:  # still in its dense first iterations (alike on every rank)
+        return None, {}
+    summed = [torch.zeros_like(p) for p in params]
+    l1 = 0.0
+    for index, error in sorted(state.error_dict.items()):
+        offset = 0
+        for i in layouts[index]:
+            size = params[i].numel()
+            summed[i].add_(error[offset:offset + size].view_as(summed[i]))
+            offset += size
+        l1 += float(error.double().abs().sum())
+    flat = torch.cat([t.reshape(-1) for t in summed])
+    dist.all_reduce(flat, group=state.process_group)
+    flat.div_(dist.get_world_size(state.process_group))
+    out, offset = [], 0
+    for t in summed:
+        out.append(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+    buckets = len(state.error_dict)
+    state.error_dict.clear()
+    return out, {"l1": l1, "buckets": buckets}
 
 
 # What of a PowerSGDState changes while training (the rest is configuration).

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from thinwire.output import check_output_path
 from thinwire.peer_failure import noting
 from thinwire.optim import LARS, param_groups, warmup_cosine, warmup_poly
-from thinwire.train import checkpoint, checkpoint_checks, data, models, modes
+from thinwire.train import checkpoint, checkpoint_checks, data, models, modes, replan
 from thinwire.train.config import TrainConfig
 from thinwire.train.metrics import Metrics, interface_tx_bytes
 
@@ -57,8 +57,11 @@ def train(cfg: TrainConfig) -> dict:
         if chooser is None:
             return _train(cfg, device)
         with noting(dist.get_rank(), "choosing the algorithm (--algorithm auto)", 0):
-            cfg, record = chooser(cfg)
-        return _train(cfg, device, record)
+            resolved, record = chooser(cfg)
+        replanner = None
+        if cfg.replan_every_s > 0 and modes.mode_of(resolved.algorithm).per_step:
+            replanner = replan.Replanner(cfg, record)  # DiLoCo's loop is not switched
+        return _train(resolved, device, record, replanner)
     finally:
         if owns_group:
             dist.destroy_process_group()
@@ -207,8 +210,10 @@ def setup_run(cfg: TrainConfig, rank: int, world: int, device: torch.device):
     return ds, module, steps_per_epoch, total_steps, opt, sched
 
 
-def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None) -> dict:
-    """``chosen``: --algorithm auto's record of its choice (the summary's ``auto``)."""
+def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
+           replanner: replan.Replanner | None = None) -> dict:
+    """``chosen``: --algorithm auto's record of its choice (the summary's ``auto``);
+    ``replanner``: its re-planning (thinwire.train.replan), or None."""
     rank, world = dist.get_rank(), dist.get_world_size()
     ds, module, steps_per_epoch, total_steps, opt, sched = setup_run(cfg, rank, world, device)
     saved = checkpoint.load(cfg.resume, rank, cfg, world, steps_per_epoch=steps_per_epoch,
@@ -259,6 +264,26 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None) -
             acc, loss = evaluate(cfg, module, ds, device)
             metrics.record_eval(step, epoch, acc, loss)  # collective too
 
+    switches: list = []
+
+    def maybe_replan():
+        """After an evaluation: every rank holds the same slowest-rank training time."""
+        nonlocal cfg, sync, model
+        train_time_s = metrics.curve[-1]["train_time_s"]
+        if replanner is None or metrics.stop_reason or not replanner.due(train_time_s):
+            return
+        began = time.perf_counter()
+        with noting(rank, "re-planning (--algorithm auto)", step):
+            chosen_now = replanner.check(train_time_s, step)
+            if chosen_now:
+                totals_end = sync.totals()
+                cfg, sync, flushed = replan.switch(cfg, chosen_now, sync, module, opt,
+                                                   device_ids)
+                model = sync.model
+                metrics.switched_sync(totals_end, sync.totals())
+                switches.append({"step": step, "to": replanner.current, "flushed": flushed})
+        metrics.add_overhead(time.perf_counter() - began)
+
     stopped = False
     while step < total_steps and not stopped and not metrics.stop_reason:
         batches = data.rank_batches(len(ds), cfg.batch_size, rank, world, cfg.seed, epoch)
@@ -278,6 +303,7 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None) -
                                 sched.get_last_lr()[0])
             if cfg.eval_every and step % cfg.eval_every == 0:
                 run_eval()
+                maybe_replan()
             if cfg.checkpoint and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                 save_checkpoint()
             stopped = bool(cfg.stop_after) and step - start_step >= cfg.stop_after
@@ -297,6 +323,8 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None) -
         run_eval()
     if cfg.checkpoint and saved_at[0] != step:
         save_checkpoint()
+    if replanner is not None:
+        metrics.chosen = dict(metrics.chosen, replanning=replan.record(replanner, switches))
     summary = metrics.summary(cfg, step, sum(p.numel() for p in module.parameters()),
                               stopped=stopped)
     metrics.close()

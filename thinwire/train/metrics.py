@@ -111,11 +111,29 @@ class Metrics:
     def start_timing(self, hook_totals: dict | None) -> None:
         self._timing, self._totals_start = True, hook_totals
 
+    def add_overhead(self, seconds: float) -> None:
+        """Work between steps that the run's time to target must pay for (auto's re-planning:
+        the probe, the plan, the switch)."""
+        self.train_time_s += seconds
+
+    def switched_sync(self, old_end: dict | None, new_start: dict | None) -> None:
+        """The loop replaced its synchronisation: the old one's counts so far are carried, the
+        new one's start from ``new_start``. Where either keeps no counters (PyTorch's hooks),
+        the run reports none."""
+        if not self._timing:
+            return
+        if old_end is None or new_start is None or self._totals_start is None:
+            self._totals_start = None
+            return
+        # counted so far = old_end - start; from here new - new_start: one start for both
+        self._totals_start = {k: new_start.get(k, 0.0) - (old_end[k] - self._totals_start[k])
+                              for k in old_end}
+
     def stop_timing(self, hook_totals: dict | None, tx_start: int | None,
                     tx_end: int | None) -> None:
         """Combine every rank's numbers for the timed window (collective)."""
         self._timing = False
-        delta = {k: hook_totals[k] - self._totals_start[k] for k in hook_totals} \
+        delta = {k: hook_totals[k] - self._totals_start.get(k, 0.0) for k in hook_totals} \
             if hook_totals is not None and self._totals_start is not None else None
         measured = tx_end - tx_start if tx_start is not None and tx_end is not None else None
         keys = sorted(delta) if delta else []

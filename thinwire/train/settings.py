@@ -126,6 +126,14 @@ SETTINGS: tuple[Setting, ...] = (
       "paths): auto's plan is calibrated on them and reads steps to target from them",
       applies=lambda c: modes.mode_of(c.algorithm).resolve is not None,
       applies_to="--algorithm auto", concern="sync", metavar="RESULTS_JSON[,...]"),
+    S("replan_every_s", float, 10.0, "auto: seconds of training between probes of the link "
+      "(after an evaluation); 0 = choose once", low=0.0,
+      applies=lambda c: modes.mode_of(c.algorithm).resolve is not None,
+      applies_to="--algorithm auto", concern="sync", metavar="SECONDS"),
+    S("replan_share", float, 0.3, "auto: re-plan where the probed goodput moved by more than "
+      "this share since the last plan", low=0.0, low_open=True, high=10.0,
+      applies=lambda c: modes.mode_of(c.algorithm).resolve is not None,
+      applies_to="--algorithm auto", concern="sync"),
     S("density", float, 0.01, "top-k density of the sparse algorithms (and of a sparse DiLoCo "
       "outer step)", low=0.0, low_open=True, high=1.0, applies=_top_k,
       applies_to=lambda: f"a sparse algorithm or --outer-algorithm "

@@ -1,0 +1,46 @@
+"""--algorithm auto re-plans while it trains (2 gloo ranks, 2 nodes x 1, loopback; the link's
+goodput scripted): a check that sees the link move past --replan-share plans again and
+switches, flushing the residuals; one that sees no move keeps the choice; the old DDP wrapper
+stops reducing."""
+
+import sys
+from pathlib import Path
+
+from harness import run_ranks
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from plan_helpers import _results  # noqa: E402
+
+import replan_workers  # noqa: E402
+
+
+def test_a_link_that_speeds_up_switches_hitopk_to_allreduce_and_flushes(tmp_path):
+    path = _results(tmp_path, ranks_per_node=1)
+    # by construction hitopk wins at 50 Mbit/s and the all-reduce at 1 Gbit/s
+    results = run_ranks(replan_workers.train_with_replanning, 2, str(path),
+                        [5e7, 5e7, 1e9, 1e9])
+    summary = results[0]["summary"]
+    auto = summary["auto"]
+    assert auto["choice"].startswith("hitopk")
+    replanning = auto["replanning"]
+    checks = replanning["checks"]
+    assert [c["step"] for c in checks] == [2, 4, 6]
+    assert "kept" in checks[0] and abs(checks[0]["change"]) < 1e-9
+    assert checks[1]["switched_from"].startswith("hitopk")
+    assert checks[1]["switched_to"].startswith("allreduce") and checks[1]["change"] > 10
+    assert "kept" in checks[2]
+    [switch] = replanning["switches"]
+    assert switch["step"] == 4 and switch["flushed"]["l1"] > 0  # hitopk held mass back
+    assert summary["algorithm"] == "allreduce" and replanning["final_choice"] == switch["to"]
+    for r in results:  # the replaced hook saw no step after the switch
+        assert r["old_steps_at_switch"] == 4 and r["old_steps_at_end"] == 4
+
+
+def test_a_steady_link_keeps_the_first_choice(tmp_path):
+    path = _results(tmp_path, ranks_per_node=1)
+    results = run_ranks(replan_workers.train_with_replanning, 2, str(path),
+                        [1e9, 1.1e9, 0.95e9, 1e9])
+    replanning = results[0]["summary"]["auto"]["replanning"]
+    assert replanning["switches"] == [] and len(replanning["checks"]) == 3
+    assert all("kept" in c for c in replanning["checks"])
+    assert results[0]["summary"]["algorithm"] == "allreduce"

@@ -1,0 +1,51 @@
+"""auto's re-planning pieces that need no cluster: the flush applied once inside the next
+optimizer step, when a check is due, and its settings checked by name."""
+
+import pytest
+import torch
+
+from thinwire.train import replan
+from thinwire.train.config import TrainConfig
+
+
+def test_the_flush_is_added_inside_the_next_step_only():
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.SGD([p], lr=1.0)
+    replan.add_once_before_step(opt, [p], [torch.tensor([1.0, 2.0, 3.0])])
+    for expected in ([-1.5, -2.5, -3.5], [-2.0, -3.0, -4.0]):  # then only the gradient
+        p.grad = torch.full((3,), 0.5)
+        opt.step()
+        assert p.detach().tolist() == expected
+
+
+def test_a_parameter_without_a_flush_or_a_gradient_is_left_alone():
+    a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([a, b], lr=1.0)
+    replan.add_once_before_step(opt, [a, b], [None, torch.ones(2)])
+    a.grad = torch.ones(2)
+    opt.step()
+    assert a.detach().tolist() == [-1.0, -1.0] and b.detach().tolist() == [0.0, 0.0]
+
+
+def test_a_check_is_due_every_so_many_seconds_of_training():
+    cfg = TrainConfig(algorithm="auto", plan_from="x.json", replan_every_s=10.0)
+    planner = replan.Replanner(cfg, {"probe": {"goodput_Bps": 1e7}, "choice": "allreduce"})
+    assert not planner.due(9.9) and planner.due(10.0)
+    planner.checked_at_s = 10.0
+    assert not planner.due(19.0) and planner.due(20.5)
+    off = replan.Replanner(TrainConfig(algorithm="auto", plan_from="x.json",
+                                       replan_every_s=0.0),
+                           {"probe": {"goodput_Bps": 1e7}, "choice": "allreduce"})
+    assert not off.due(1e9)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("replan_share", 0.0, "replan-share"), ("replan_every_s", -1.0, "replan-every-s")])
+def test_bad_settings_are_refused_by_name(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(algorithm="auto", plan_from="x.json", **{field: value}).validate()
+
+
+def test_replan_settings_apply_to_auto_only():
+    with pytest.raises(ValueError, match="--algorithm auto"):
+        TrainConfig(algorithm="hitopk", replan_share=0.5).validate()

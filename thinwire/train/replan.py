@@ -1,0 +1,155 @@
+"""``--algorithm auto`` re-planning: the link is probed again while the run trains, and where
+its goodput moved by more than ``--replan-share`` since the last plan, the plan is made again
+at the new rate and the run switches to its choice.
+
+When: right after an evaluation (every rank is there at the same step) once ``--replan-every-s``
+seconds of training (the slowest rank's, the number every rank shares) have passed since the
+last check. The re-check probes with smaller all-reduces than the first choice (256 KiB and
+1 MiB, once each): at 25 Mbit/s it costs about half a second. Its time, the plan's and the
+switch's count as training time: the run's time to target pays for its adaptivity.
+
+The switch (:func:`switch`): the residuals a sparse algorithm (or PowerSGD) holds back mean the
+coordinates of its own buckets and settings, so they are flushed densely
+(:func:`thinwire.sync.flush_residuals`: every rank's residual, averaged, one dense all-reduce)
+and added once to the next step's synchronised gradients, before the optimizer's step: the
+mass is delivered, not dropped (tested: applied + flushed = the dense average). The new
+synchronisation is a new DDP wrapper around the same module (DDP takes one communication hook
+for its life); the optimizer, its momentum and the schedule go on. Momentum correction's
+velocities are dropped with the residuals. DiLoCo candidates are left out mid-run (another
+loop), and a run whose first choice is DiLoCo is not re-planned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import gc
+import logging
+import time
+
+import torch
+import torch.distributed as dist
+
+from thinwire.train import auto, modes
+
+log = logging.getLogger(__name__)
+
+RECHECK_BYTES = (256 << 10, 1 << 20)
+RECHECK_REPEATS = 1
+
+
+class Replanner:
+    """What the loop asks after each evaluation: :meth:`due`, then :meth:`check` (collective)."""
+
+    def __init__(self, cfg, info: dict):
+        self.cfg = cfg  # the run's configuration as given: --algorithm auto, --plan-from
+        self.every_s, self.share = cfg.replan_every_s, cfg.replan_share
+        self.basis = info["probe"]["goodput_Bps"]  # the goodput the current plan was made at
+        self.current = info["choice"]
+        self.checked_at_s = 0.0
+        self.events: list[dict] = []  # every check and switch, for the summary
+
+    def due(self, train_time_s: float) -> bool:
+        return self.every_s > 0 and train_time_s - self.checked_at_s >= self.every_s
+
+    def check(self, train_time_s: float, step: int) -> dict | None:
+        """Probe; where the goodput moved by more than the share, plan again (rank 0) and
+        return the new choice's settings where it differs from the current one (collective:
+        every rank gets the same answer)."""
+        self.checked_at_s = train_time_s
+        try:
+            probe = auto.probe_inter_node(self.cfg.ranks_per_node, self.cfg.collective_timeout_s,
+                                          RECHECK_BYTES, RECHECK_REPEATS)
+        except ValueError as exc:  # a probe swamped by noise: no evidence of a change
+            self.events.append({"step": step, "at_s": train_time_s, "kept": self.current,
+                                "reason": str(exc)})
+            return None
+        goodput = probe["goodput_Bps"]
+        change = goodput / self.basis - 1
+        event = {"step": step, "at_s": train_time_s, "goodput_Bps": goodput,
+                 "change": change}
+        if abs(change) <= self.share:
+            self.events.append(dict(event, kept=self.current))
+            return None
+        message = None
+        if dist.get_rank() == 0:
+            try:
+                chosen, info = auto.choose(self.cfg, probe["nodes"], probe, per_step_only=True)
+                message = {"chosen": chosen, "choice": info["choice"],
+                           "planned_at_bps": info["planned_at_bps"]}
+            except Exception as exc:  # noqa: BLE001 - every rank ends with rank 0's error
+                message = {"error": f"{type(exc).__name__}: {exc}"}
+        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(
+            seconds=max(auto.CHOOSING_TIMEOUT_S, self.cfg.collective_timeout_s)))
+        try:
+            message = auto._broadcast_json(message, group)
+        finally:
+            dist.destroy_process_group(group)
+        if "error" in message:
+            raise ValueError(f"--algorithm auto, re-planning at step {step}: "
+                             f"{message['error']}")
+        self.basis = goodput
+        event["planned_at_bps"] = message["planned_at_bps"]
+        if message["choice"] == self.current:
+            self.events.append(dict(event, kept=self.current))
+            return None
+        event.update(switched_from=self.current, switched_to=message["choice"])
+        self.events.append(event)
+        log.info("auto: the link moved %+.0f%%; switching from %s to %s at step %d",
+                 100 * change, self.current, message["choice"], step)
+        self.current = message["choice"]
+        return message["chosen"]
+
+
+def switch(cfg, chosen: dict, sync, module, optimizer, device_ids):
+    """Flush ``sync``'s residuals, build the synchronisation ``chosen`` names on ``module``
+    (collective). Returns (the new cfg, the new sync, the flush's record)."""
+    from thinwire.train import settings
+
+    flushed, mass = sync.flush()
+    new_cfg = dataclasses.replace(cfg, **chosen)
+    while reset := settings.inapplicable(new_cfg):
+        new_cfg = dataclasses.replace(new_cfg, **reset)
+    new_cfg.validate()
+    sync.close()
+    # DDP's reducer holds hooks on every parameter until it is freed: the old wrapper must go
+    # before the new one registers its own, or both would reduce each gradient
+    sync.model = None
+    del sync
+    gc.collect()
+    new_sync = modes.mode_of(new_cfg.algorithm).build(new_cfg, module, device_ids)
+    new_sync.attach(optimizer)
+    if flushed is not None:
+        add_once_before_step(optimizer, list(module.parameters()), flushed)
+    return new_cfg, new_sync, mass
+
+
+def add_once_before_step(optimizer, params: list, flushed: list) -> None:
+    """``flushed[i]`` added to ``params[i].grad`` inside the next ``optimizer.step()``, after
+    the step's gradients are synchronised (and unscaled, with a GradScaler), then never again."""
+    handle = None
+
+    def add(opt, args, kwargs):
+        with torch.no_grad():
+            for p, extra in zip(params, flushed):
+                if extra is not None and p.grad is not None:
+                    p.grad.add_(extra.to(p.grad.dtype))
+        handle.remove()
+
+    handle = optimizer.register_step_pre_hook(add)
+
+
+def record(replanner: Replanner | None, switches: list) -> dict | None:
+    """The summary's ``auto.replanning``."""
+    if replanner is None:
+        return None
+    return {"every_s": replanner.every_s, "share": replanner.share,
+            "checks": replanner.events, "switches": switches,
+            "final_choice": replanner.current}
+
+
+def timed(fn):
+    """(fn(), seconds it took)."""
+    began = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - began
