@@ -276,12 +276,13 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
         with noting(rank, "re-planning (--algorithm auto)", step):
             chosen_now = replanner.check(train_time_s, step)
             if chosen_now:
-                totals_end = sync.totals()
+                totals_end, switch_began = sync.totals(), time.perf_counter()
                 cfg, sync, flushed = replan.switch(cfg, chosen_now, sync, module, opt,
                                                    device_ids)
                 model = sync.model
                 metrics.switched_sync(totals_end, sync.totals())
-                switches.append({"step": step, "to": replanner.current, "flushed": flushed})
+                switches.append({"step": step, "to": replanner.current, "flushed": flushed,
+                                 "switch_s": time.perf_counter() - switch_began})
         metrics.add_overhead(time.perf_counter() - began)
 
     stopped = False

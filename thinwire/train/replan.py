@@ -29,8 +29,9 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
-from thinwire.train import auto, modes
+from thinwire.train import auto, grad_sync, modes
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class Replanner:
         return the new choice's settings where it differs from the current one (collective:
         every rank gets the same answer)."""
         self.checked_at_s = train_time_s
+        began = time.perf_counter()
         try:
             probe = auto.probe_inter_node(self.cfg.ranks_per_node, self.cfg.collective_timeout_s,
                                           RECHECK_BYTES, RECHECK_REPEATS)
@@ -67,7 +69,7 @@ class Replanner:
         goodput = probe["goodput_Bps"]
         change = goodput / self.basis - 1
         event = {"step": step, "at_s": train_time_s, "goodput_Bps": goodput,
-                 "change": change}
+                 "change": change, "probe_s": time.perf_counter() - began}
         if abs(change) <= self.share:
             self.events.append(dict(event, kept=self.current))
             return None
@@ -90,6 +92,7 @@ class Replanner:
                              f"{message['error']}")
         self.basis = goodput
         event["planned_at_bps"] = message["planned_at_bps"]
+        event["probe_and_plan_s"] = time.perf_counter() - began
         if message["choice"] == self.current:
             self.events.append(dict(event, kept=self.current))
             return None
@@ -111,13 +114,20 @@ def switch(cfg, chosen: dict, sync, module, optimizer, device_ids):
     while reset := settings.inapplicable(new_cfg):
         new_cfg = dataclasses.replace(new_cfg, **reset)
     new_cfg.validate()
+    if not modes.mode_of(new_cfg.algorithm).per_step:
+        raise ValueError(f"re-planning switches between per-step synchronisations, got "
+                         f"{new_cfg.algorithm!r}")
     sync.close()
     # DDP's reducer holds hooks on every parameter until it is freed: the old wrapper must go
     # before the new one registers its own, or both would reduce each gradient
     sync.model = None
     del sync
     gc.collect()
-    new_sync = modes.mode_of(new_cfg.algorithm).build(new_cfg, module, device_ids)
+    # init_sync=False: every rank's parameters are already equal (the same averaged steps);
+    # DDP's initial broadcast of the model would cost a dense exchange on the slow link
+    # (13 MB, 4 s at 25 Mbit/s for compare's MNIST model)
+    model = DistributedDataParallel(module, device_ids=device_ids, init_sync=False)
+    new_sync = grad_sync.register_sync(new_cfg, model, new_cfg.ranks_per_node)
     new_sync.attach(optimizer)
     if flushed is not None:
         add_once_before_step(optimizer, list(module.parameters()), flushed)
@@ -146,10 +156,3 @@ def record(replanner: Replanner | None, switches: list) -> dict | None:
     return {"every_s": replanner.every_s, "share": replanner.share,
             "checks": replanner.events, "switches": switches,
             "final_choice": replanner.current}
-
-
-def timed(fn):
-    """(fn(), seconds it took)."""
-    began = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - began
