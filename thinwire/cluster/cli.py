@@ -64,6 +64,10 @@ def add_resource_options(parser: argparse.ArgumentParser) -> None:
                        help="the inter-node rate over time, e.g. 0s:200mbit,40s:25mbit,80s:200mbit"
                             ": from each time on (after the job starts) every node's links run "
                             "at that rate; each change is logged with its time")
+    group.add_argument("--schedule-clock", choices=("job", "training"), default="job",
+                       help="what --bandwidth-schedule and --fail times count from: the job's "
+                            "start, or the start of training (rank 0's first step: runs whose "
+                            "start-up differs meet each change at the same point of training)")
     group.add_argument("--fail", dest="failure_schedule", default=None,
                        metavar="nodeN@TIME[,restart@TIME];...",
                        help="nodes that vanish while the job runs, e.g. "
@@ -87,7 +91,9 @@ def resource_kwargs(args: argparse.Namespace) -> dict:
             **({"bandwidth_schedule": args.bandwidth_schedule}
                if getattr(args, "bandwidth_schedule", None) else {}),
             **({"failure_schedule": args.failure_schedule}
-               if getattr(args, "failure_schedule", None) else {})}
+               if getattr(args, "failure_schedule", None) else {}),
+            **({"schedule_clock": args.schedule_clock}
+               if getattr(args, "schedule_clock", "job") != "job" else {})}
 
 
 def spec_from_args(args: argparse.Namespace) -> ClusterSpec:

@@ -31,7 +31,7 @@ from thinwire.cluster.accounting import NodeMonitor
 from thinwire.cluster.cgroups import join as join_cgroups
 from thinwire.cluster.netns import LOG_DIR_PREFIX, Network, kill_namespace_processes
 from thinwire.cluster.schedule import BandwidthSchedule, FailureSchedule
-from thinwire.cluster.spec import ClusterSpec
+from thinwire.cluster.spec import TRAINING_STARTED_ENV, ClusterSpec
 from thinwire.ports import free_port
 
 log = logging.getLogger(__name__)
@@ -301,6 +301,10 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
     nodes = failures = None
     # run id and owner pid in the name: `thinwire cluster cleanup` removes it once we are gone
     log_dir = tempfile.mkdtemp(prefix=f"{LOG_DIR_PREFIX}{run_id}-{os.getpid()}-")
+    marker = None
+    if spec.schedule_clock == "training":  # rank 0 touches it at its first training step
+        marker = Path(log_dir) / "training-started"
+        env = dict(env or {}, **{TRAINING_STARTED_ENV: str(marker)})
     status = None
     guard = _SignalGuard()
     try:
@@ -313,7 +317,7 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
                     if spec.failure_events else None
                 for clock in (schedule, failures):
                     if clock is not None:
-                        clock.start()
+                        clock.start(marker)
 
                 def tick() -> None:
                     for clock in (schedule, failures):
@@ -337,6 +341,11 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
                     for thread in threads:
                         thread.join(timeout=2.0)
                     shutil.rmtree(log_dir, ignore_errors=True)
+                    for clock in (schedule, failures):
+                        if clock is not None and clock.pending and clock.clock_started_s is None:
+                            log.warning("%s: its clock never started (schedule_clock "
+                                        "'training': the job's rank 0 never began training)",
+                                        type(clock).__name__)
                     try:
                         stats = _collect_stats(network, monitors, status)
                         if stats is not None and schedule is not None:

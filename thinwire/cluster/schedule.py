@@ -1,7 +1,9 @@
 """Things that happen to a running job on time: a ClusterSpec's bandwidth_schedule (links that
 change rate) and failure_schedule (nodes that vanish and come back).
 
-The launcher starts each schedule's clock when every node's torchrun has started and calls
+The launcher starts each schedule's clock when every node's torchrun has started (or, with
+schedule_clock "training", when the job's rank 0 touches the file named by
+THINWIRE_TRAINING_STARTED at its first training step) and calls
 :meth:`Schedule.tick` about every 0.1 s while it waits for the job; every due event is applied
 (late ones at once, in order), logged with the job's elapsed time, and recorded with its
 planned and applied times, so the run's accounting says what happened when
@@ -13,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
+from pathlib import Path
 
 from thinwire.cluster.spec import format_rate
 
@@ -26,20 +29,42 @@ class Schedule(ABC):
         self.pending = list(events)
         self.applied: list[dict] = []
         self._start: float | None = None
+        self._job_start: float | None = None
+        self._marker: Path | None = None
 
-    def start(self) -> None:
-        self._start = time.monotonic()
+    def start(self, marker: Path | None = None) -> None:
+        """Start the clock now, or (``marker``: schedule_clock "training") when that file
+        appears; events at 0 s apply now either way."""
+        self._job_start = time.monotonic()
+        if marker is None:
+            self._start = self._job_start
+        else:
+            self._marker = marker
+            while self.pending and self.pending[0][0] <= 0:
+                self._apply_first(0.0)
         self.tick()
+
+    @property
+    def clock_started_s(self) -> float | None:
+        """When the clock started, in seconds after the job's start (None: not yet)."""
+        return None if self._start is None else round(self._start - self._job_start, 3)
 
     def tick(self) -> None:
         if self._start is None:
-            return
+            if self._marker is None or not self._marker.exists():
+                return
+            self._start = time.monotonic()
+            log.info("%s: the clock starts (training began %.2f s after the job)",
+                     type(self).__name__, self._start - self._job_start)
         while self.pending and self.pending[0][0] <= time.monotonic() - self._start:
-            event = self.pending.pop(0)
-            record = self.apply(*event)
-            self.applied.append({"planned_s": event[0],
-                                 "applied_s": round(time.monotonic() - self._start, 3),
-                                 **record, "unix_time": round(time.time(), 3)})
+            self._apply_first(time.monotonic() - self._start)
+
+    def _apply_first(self, elapsed_s: float) -> None:
+        event = self.pending.pop(0)
+        record = self.apply(*event)
+        self.applied.append({"planned_s": event[0], "applied_s": round(elapsed_s, 3),
+                             "job_s": round(time.monotonic() - self._job_start, 3),
+                             **record, "unix_time": round(time.time(), 3)})
 
     @abstractmethod
     def apply(self, planned_s: float, *what) -> dict:
@@ -61,7 +86,8 @@ class BandwidthSchedule(Schedule):
     def apply(self, planned_s: float, bps: int) -> dict:
         self.network.set_inter_node_rate(bps)
         log.info("bandwidth schedule: at %.2f s (planned %g s) inter-node links -> %s",
-                 time.monotonic() - self._start, planned_s, format_rate(bps))
+                 time.monotonic() - (self._start or self._job_start), planned_s,
+                 format_rate(bps))
         return {"rate_bps": bps}
 
 
@@ -83,6 +109,6 @@ class FailureSchedule(Schedule):
         else:
             self.nodes.restart(node)
         log.warning("failure schedule: at %.2f s (planned %g s) node%d %s",
-                    time.monotonic() - self._start, planned_s, node,
+                    time.monotonic() - (self._start or self._job_start), planned_s, node,
                     "killed (every process, SIGKILL)" if action == "kill" else "restarted")
         return {"node": node, "action": action}

@@ -112,6 +112,11 @@ def parse_size(value: str | int, param: str = "node_memory") -> int:
     return int(size)
 
 
+SCHEDULE_CLOCKS = ("job", "training")
+# the file a rank touches when training begins (schedule_clock "training"), in the launcher's env
+TRAINING_STARTED_ENV = "THINWIRE_TRAINING_STARTED"
+
+
 def parse_bandwidth_schedule(value: str, param: str = "bandwidth_schedule"
                              ) -> tuple[tuple[float, int], ...]:
     """'0s:200mbit,40s:25mbit,80s:200mbit' -> ((0.0, 200_000_000), (40.0, 25_000_000), ...):
@@ -274,6 +279,11 @@ class ClusterSpec:
         from each time on (seconds after the job starts) every node's links run at that rate
         (split over its links as inter_node_bandwidth is); the links start at
         inter_node_bandwidth, which must be set. Each change is logged with its time.
+    schedule_clock: what the schedules' times count from: "job" (the nodes' launchers have
+        started) or "training" (the job's rank 0 begins its first training step, after its
+        set-up, compute probe and, for --algorithm auto, its choice; events at 0 s still apply
+        at the job's start). "training" lets runs whose start-up differs meet a link change
+        at the same point of their training.
     """
 
     nodes: int
@@ -292,6 +302,7 @@ class ClusterSpec:
     link_mtu: int = 1500
     bandwidth_schedule: str | None = None
     failure_schedule: str | None = None
+    schedule_clock: str = "job"
 
     def __post_init__(self) -> None:
         if isinstance(self.class_queue, list):  # frozen dataclass: keep it hashable
@@ -336,6 +347,13 @@ class ClusterSpec:
             raise ValueError(f"link_mtu={self.link_mtu} needs the shaped cluster (shaping=True): "
                              f"the loopback's MTU is not the cluster's to change")
         _ = self.failure_events
+        if self.schedule_clock not in SCHEDULE_CLOCKS:
+            raise ValueError(f"schedule_clock must be one of {', '.join(SCHEDULE_CLOCKS)}, got "
+                             f"{self.schedule_clock!r}")
+        if self.schedule_clock != "job" and self.bandwidth_schedule is None \
+                and self.failure_schedule is None:
+            raise ValueError(f"schedule_clock={self.schedule_clock!r} times a schedule: give "
+                             "bandwidth_schedule or failure_schedule too")
         if self.bandwidth_schedule is not None:
             if not self.shaping or self.inter_node_bps is None:
                 raise ValueError(f"bandwidth_schedule={self.bandwidth_schedule!r} needs shaped "

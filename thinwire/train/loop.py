@@ -196,6 +196,17 @@ def _fits(cfg: TrainConfig, module: torch.nn.Module, opt, sched):
     return check
 
 
+def say_training_started() -> None:
+    """Touch the file the emulated cluster's launcher waits for where its schedules count
+    from the start of training (``--schedule-clock training``)."""
+    from thinwire.cluster.spec import TRAINING_STARTED_ENV
+
+    path = os.environ.get(TRAINING_STARTED_ENV)
+    if path:
+        with open(path, "a"):
+            pass
+
+
 def setup_run(cfg: TrainConfig, rank: int, world: int, device: torch.device):
     """This rank's data set, model, schedule length and optimizer (the same for every entry
     point that trains `cfg`): (ds, module, steps_per_epoch, total_steps, opt, sched)."""
@@ -285,6 +296,8 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
                                  "switch_s": time.perf_counter() - switch_began})
         metrics.add_overhead(time.perf_counter() - began)
 
+    if rank == 0:
+        say_training_started()
     stopped = False
     while step < total_steps and not stopped and not metrics.stop_reason:
         batches = data.rank_batches(len(ds), cfg.batch_size, rank, world, cfg.seed, epoch)

@@ -136,6 +136,8 @@ def _train(cfg: TrainConfig, wave: Wave) -> dict:
     node_memory = memory.NodeMemory() if wave.local_rank == 0 else None
     sampler = memory.Sampler(node_memory).start()
     dist.barrier()
+    if rank == 0:
+        loop.say_training_started()
     step, epoch, losses, timed_from = 0, 0, [], None
     while step < total_steps:
         batches = data.rank_batches(len(ds), cfg.batch_size, rank, world, cfg.seed, epoch)
