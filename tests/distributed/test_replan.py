@@ -44,3 +44,16 @@ def test_a_steady_link_keeps_the_first_choice(tmp_path):
     assert replanning["switches"] == [] and len(replanning["checks"]) == 3
     assert all("kept" in c for c in replanning["checks"])
     assert results[0]["summary"]["algorithm"] == "allreduce"
+
+
+def test_a_switch_that_promises_little_is_not_made(tmp_path):
+    path = _results(tmp_path, ranks_per_node=1)
+    # just across the plan's crossing on 2 x 1 (150-200 Mbit/s): at 200 Mbit/s the all-reduce
+    # is predicted faster than hitopk by 8%, less than SWITCH_MIN_GAIN
+    results = run_ranks(replan_workers.train_with_replanning, 2, str(path),
+                        [1.5e8, 2e8, 2e8, 2e8])
+    replanning = results[0]["summary"]["auto"]["replanning"]
+    assert replanning["switches"] == []
+    moved = replanning["checks"][0]
+    assert moved["change"] > 0.3 and moved["best"].startswith("allreduce")
+    assert 0 < moved["predicted_gain"] < 0.1 and moved["kept"].startswith("hitopk")

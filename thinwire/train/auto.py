@@ -134,10 +134,12 @@ def _calibrated(files: tuple):
     return calibrated(list(files), None, "max")
 
 
-def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False) -> tuple[dict, dict]:
+def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
+           current: str | None = None) -> tuple[dict, dict]:
     """(settings to apply to ``cfg``, what the summary records), on rank 0.
     ``per_step_only``: DiLoCo candidates left out (a running per-step loop switches only to
-    another per-step synchronisation)."""
+    another per-step synchronisation); ``current``: a candidate whose predicted time to
+    target is recorded too (``current_time_to_target_s``; None where it is not ranked)."""
     from thinwire.sim.plan import make_plan
     from thinwire.sim.steps import WORKLOAD_FIELDS, entries_for, read_table
 
@@ -170,6 +172,9 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False) -> tuple[d
                            for r in rows[1:1 + RUNNERS_UP]],
             "break_even_bps": plan["break_even"].get("bps"),
             "reason": f"fastest predicted time to target at the probed {bps / 1e6:.0f} Mbit/s"}
+    if current is not None:
+        info["current_time_to_target_s"] = next(
+            (r["time_to_target_s"] for r in rows if r["candidate"] == current), None)
     return {"algorithm": best["algorithm"], **best["settings"]}, info
 
 
