@@ -27,16 +27,35 @@ def test_a_parameter_without_a_flush_or_a_gradient_is_left_alone():
     assert a.detach().tolist() == [-1.0, -1.0] and b.detach().tolist() == [0.0, 0.0]
 
 
+def _curve(*points):
+    return [{"step": step, "train_time_s": t} for step, t in points]
+
+
 def test_a_check_is_due_every_so_many_seconds_of_training():
     cfg = TrainConfig(algorithm="auto", plan_from="x.json", replan_every_s=10.0)
     planner = replan.Replanner(cfg, {"probe": {"goodput_Bps": 1e7}, "choice": "allreduce"})
-    assert not planner.due(9.9) and planner.due(10.0)
+    assert not planner.due(_curve((2, 9.9))) and planner.due(_curve((2, 10.0)))
     planner.checked_at_s = 10.0
-    assert not planner.due(19.0) and planner.due(20.5)
+    steady = [(2 * i, 10.0 + i) for i in range(1, 10)]  # 0.5 s a step throughout
+    assert not any(planner.due(_curve(*steady[:n])) for n in range(1, 9))
+    assert planner.due(_curve(*steady, (20, 20.5)))
     off = replan.Replanner(TrainConfig(algorithm="auto", plan_from="x.json",
                                        replan_every_s=0.0),
                            {"probe": {"goodput_Bps": 1e7}, "choice": "allreduce"})
-    assert not off.due(1e9)
+    assert not off.due(_curve((2, 1e9)))
+
+
+@pytest.mark.parametrize("then", [2.0, 0.1])  # 4x slower, or 5x faster
+def test_a_jump_in_the_pace_of_steps_makes_a_check_due_at_once(then):
+    cfg = TrainConfig(algorithm="auto", plan_from="x.json", replan_every_s=100.0,
+                      replan_share=0.3)
+    planner = replan.Replanner(cfg, {"probe": {"goodput_Bps": 1e7}, "choice": "allreduce"})
+    curve = _curve((2, 1.0), (4, 2.0))  # 0.5 s a step: the pace the plan is compared with
+    assert not planner.due(curve)
+    curve += _curve((6, 2.0 + 2 * 0.6))  # +20%: inside the share
+    assert not planner.due(curve)
+    curve += _curve((8, curve[-1]["train_time_s"] + 2 * then))
+    assert planner.due(curve)
 
 
 @pytest.mark.parametrize("field, value, message", [

@@ -256,8 +256,11 @@ def fitted_compute(params: dict, runs: list, nodes: int, ranks_per_node: int) ->
 
 def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
               ranks_per_node: int | None, rates: list, compute_ms: float | None = None,
-              calibrate_at: str | None = None, form: str = "max", fitted=None) -> dict:
-    """``fitted``: :func:`calibrated`'s result, where the caller has it already."""
+              calibrate_at: str | None = None, form: str = "max", fitted=None,
+              with_break_even: bool = True) -> dict:
+    """``fitted``: :func:`calibrated`'s result, where the caller has it already;
+    ``with_break_even``: False skips the break-even search (nine tenths of a plan's time: auto's
+    re-planning needs only the ranking)."""
     params, mode, runs = fitted or calibrated(calibration, calibrate_at, form)
     table, notes = read_table(steps_files)
     workloads_seen = sorted({w.workload for w in table})
@@ -298,7 +301,8 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
         "steps_spread_over_seeds": merged_spread(entries.values()),
         "steps_table": [e.row() for e in entries.values()],
         "break_even": break_even(setting, params, mode, model, layers.layers, entries,
-                                 candidates),
+                                 candidates) if with_break_even else {"bps": None,
+                                                                      "note": "not searched"},
         "plans": plans, "notes": notes, "warnings": host_bound_note(runs),
     }
 

@@ -27,6 +27,8 @@ bucket 1 MiB, then ``bucket_bytes``, each closed once it reaches its cap.
 
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -138,6 +140,7 @@ def simulate(layers: Sequence[TimedLayer], shapes: Sequence[Sequence[int]], clus
     }
 
 
+@functools.lru_cache(maxsize=16)
 def parameter_shapes(model_name: str) -> list[tuple[int, ...]] | None:
     """Shapes of a ``thinwire.train`` model's trainable parameters (model order); None where
     ``model_name`` is not one of its models."""
@@ -147,5 +150,5 @@ def parameter_shapes(model_name: str) -> list[tuple[int, ...]] | None:
         return None
     if model_name not in getattr(train_models, "MODELS", {}):
         return None
-    module = train_models.build(model_name, 0)
-    return [tuple(p.shape) for p in module.parameters() if p.requires_grad]
+    module = train_models.build(model_name, 0)  # built once per model: a plan asks ~60 times
+    return tuple(tuple(p.shape) for p in module.parameters() if p.requires_grad)

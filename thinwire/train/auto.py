@@ -65,7 +65,7 @@ def check_config(cfg) -> None:
         raise ValueError(f"--algorithm auto trains one wave, got --waves {cfg.waves}")
 
 
-def _node_leaders_group(ranks_per_node: int, timeout_s: float):
+def node_leaders_group(ranks_per_node: int, timeout_s: float):
     world = dist.get_world_size()
     leaders = list(range(0, world, ranks_per_node))
     # collective: every rank calls it
@@ -91,11 +91,15 @@ def _timed_all_reduce(buffer: torch.Tensor, group) -> float:
 
 
 def probe_inter_node(ranks_per_node: int, timeout_s: float = CHOOSING_TIMEOUT_S,
-                     sizes: tuple = PROBE_BYTES, repeats: int = PROBE_REPEATS) -> dict:
+                     sizes: tuple = PROBE_BYTES, repeats: int = PROBE_REPEATS,
+                     leaders_group: tuple | None = None) -> dict:
     """Goodput (bytes/s a node sends) and latency between nodes, measured by the first rank
     of each node; every rank returns the same numbers (broadcast from rank 0). ``sizes``: the
-    two all-reduce sizes (bytes), each timed ``repeats`` times after a first exchange."""
-    leaders, group = _node_leaders_group(ranks_per_node, timeout_s)
+    two all-reduce sizes (bytes), each timed ``repeats`` times after a first exchange.
+    ``leaders_group``: (leaders, group) of an earlier :func:`node_leaders_group`, whose
+    connections are open: no first exchange, and the group is kept."""
+    own = leaders_group is None
+    leaders, group = node_leaders_group(ranks_per_node, timeout_s) if own else leaders_group
     nodes = len(leaders)
     device = _probe_device()
     result = torch.zeros(3, dtype=torch.float64, device=device)
@@ -103,7 +107,8 @@ def probe_inter_node(ranks_per_node: int, timeout_s: float = CHOOSING_TIMEOUT_S,
         times = {}
         for size in sizes:
             buffer = torch.ones(size // 4, dtype=torch.float32, device=device)
-            _timed_all_reduce(buffer, group)  # a first exchange opens the connections
+            if own:
+                _timed_all_reduce(buffer, group)  # a first exchange opens the connections
             times[size] = statistics.median(_timed_all_reduce(buffer, group)
                                             for _ in range(repeats))
         small, large = sizes
@@ -113,7 +118,7 @@ def probe_inter_node(ranks_per_node: int, timeout_s: float = CHOOSING_TIMEOUT_S,
         result = torch.tensor([goodput, times[small], times[large]], dtype=torch.float64,
                               device=device)
     dist.broadcast(result, src=0)
-    if dist.get_rank() in leaders:
+    if own and dist.get_rank() in leaders:
         dist.destroy_process_group(group)
     goodput, small_s, large_s = result.tolist()
     if nodes > 1 and goodput <= 0:
@@ -160,7 +165,8 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
     if differ:
         raise ValueError("--plan-from measured another training than this run's: " + ", ".join(
             f"{k} {a!r} there, {b!r} here" for k, (a, b) in sorted(differ.items())))
-    plan = make_plan(files, files, found[0], nodes, cfg.ranks_per_node, [bps], fitted=fitted)
+    plan = make_plan(files, files, found[0], nodes, cfg.ranks_per_node, [bps], fitted=fitted,
+                     with_break_even=not per_step_only)  # re-planning needs the ranking only
     rows = [r for r in plan["plans"][0]["rows"] if r["time_to_target_s"] is not None
             and (not per_step_only or modes.mode_of(r["algorithm"]).per_step)]
     if not rows:

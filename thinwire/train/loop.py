@@ -280,9 +280,9 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
     def maybe_replan():
         """After an evaluation: every rank holds the same slowest-rank training time."""
         nonlocal cfg, sync, model
-        train_time_s = metrics.curve[-1]["train_time_s"]
-        if replanner is None or metrics.stop_reason or not replanner.due(train_time_s):
+        if replanner is None or metrics.stop_reason or not replanner.due(metrics.curve):
             return
+        train_time_s = metrics.curve[-1]["train_time_s"]
         began = time.perf_counter()
         with noting(rank, "re-planning (--algorithm auto)", step):
             chosen_now = replanner.check(train_time_s, step)

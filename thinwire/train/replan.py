@@ -53,20 +53,42 @@ class Replanner:
         self.basis = info["probe"]["goodput_Bps"]  # the goodput the current plan was made at
         self.current = info["choice"]
         self.checked_at_s = 0.0
+        self.pace: float | None = None  # seconds a step at the last check (or switch)
         self.events: list[dict] = []  # every check and switch, for the summary
+        self._leaders = None  # the node leaders' group, made at the first check and kept
 
-    def due(self, train_time_s: float) -> bool:
-        return self.every_s > 0 and train_time_s - self.checked_at_s >= self.every_s
+    def due(self, curve: list[dict]) -> bool:
+        """After an evaluation (``curve``: the run's, the same on every rank): every
+        ``every_s`` seconds of training, and at once where the last evaluation interval's pace
+        (seconds a step) moved by more than the share from the pace at the last check, which
+        is how a link change shows first."""
+        if self.every_s <= 0 or not curve:
+            return False
+        now = curve[-1]
+        if now["train_time_s"] - self.checked_at_s >= self.every_s:
+            return True
+        pace = _pace(curve)
+        if pace is None:
+            return False
+        if self.pace is None:  # the first interval measured since the last check or switch
+            self.pace = pace
+            return False
+        return not (1 + self.share) ** -1 <= pace / self.pace <= 1 + self.share
 
     def check(self, train_time_s: float, step: int) -> dict | None:
         """Probe; where the goodput moved by more than the share, plan again (rank 0) and
         return the new choice's settings where it differs from the current one (collective:
         every rank gets the same answer)."""
         self.checked_at_s = train_time_s
+        self.pace = None  # measured again from the next interval (a switch changes it too)
         began = time.perf_counter()
+        if self._leaders is None:
+            self._leaders = auto.node_leaders_group(self.cfg.ranks_per_node,
+                                                    self.cfg.collective_timeout_s)
+            _warm_up(self._leaders)
         try:
             probe = auto.probe_inter_node(self.cfg.ranks_per_node, self.cfg.collective_timeout_s,
-                                          RECHECK_BYTES, RECHECK_REPEATS)
+                                          RECHECK_BYTES, RECHECK_REPEATS, self._leaders)
         except ValueError as exc:  # a probe swamped by noise: no evidence of a change
             self.events.append({"step": step, "at_s": train_time_s, "kept": self.current,
                                 "reason": str(exc)})
@@ -116,6 +138,21 @@ class Replanner:
                  100 * change, self.current, message["choice"], step)
         self.current = message["choice"]
         return message["chosen"]
+
+
+def _pace(curve: list[dict]) -> float | None:
+    """Seconds of training a step over the last evaluation interval."""
+    if len(curve) < 2 or curve[-1]["step"] <= curve[-2]["step"]:
+        return None
+    return (curve[-1]["train_time_s"] - curve[-2]["train_time_s"]) / \
+        (curve[-1]["step"] - curve[-2]["step"])
+
+
+def _warm_up(leaders_group) -> None:
+    """One small exchange on a new leaders' group: its connections open outside the timing."""
+    leaders, group = leaders_group
+    if len(leaders) > 1 and dist.get_rank() in leaders:
+        dist.all_reduce(torch.ones(1024, device=auto._probe_device()), group=group)
 
 
 def switch(cfg, chosen: dict, sync, module, optimizer, device_ids):
