@@ -18,6 +18,24 @@ def test_the_flush_is_added_inside_the_next_step_only():
         assert p.detach().tolist() == expected
 
 
+def test_a_flush_kept_at_a_loss_scale_is_added_unscaled():
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([p], lr=1.0)
+    replan.add_once_before_step(opt, [p], [torch.tensor([65536.0, -131072.0])], scale=65536.0)
+    p.grad = torch.zeros(2)
+    opt.step()
+    assert p.detach().tolist() == [-1.0, 2.0]
+
+
+def test_a_new_choice_starts_from_the_runs_own_settings_not_the_last_choices():
+    original = TrainConfig(algorithm="auto", plan_from="x.json")
+    first = replan.resolved(original, {"algorithm": "hitopk", "density": 0.05,
+                                       "sparse_wire": "fp16", "selector": "mstopk-carry"})
+    assert (first.sparse_wire, first.selector, first.plan_from) == ("fp16", "mstopk-carry", "")
+    second = replan.resolved(original, {"algorithm": "oktopk", "density": 0.05})
+    assert (second.algorithm, second.sparse_wire, second.selector) == ("oktopk", "fp32", "auto")
+
+
 def test_a_parameter_without_a_flush_or_a_gradient_is_left_alone():
     a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
     opt = torch.optim.SGD([a, b], lr=1.0)

@@ -60,7 +60,8 @@ def train(cfg: TrainConfig) -> dict:
             resolved, record = chooser(cfg)
         replanner = None
         if cfg.replan_every_s > 0 and modes.mode_of(resolved.algorithm).per_step:
-            replanner = replan.Replanner(cfg, record)  # DiLoCo's loop is not switched
+            replanner = replan.Replanner(cfg, record,  # DiLoCo's loop is not switched
+                                         momentum_correction=resolved.momentum_correction)
         return _train(resolved, device, record, replanner)
     finally:
         if owns_group:
@@ -288,8 +289,10 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
             chosen_now = replanner.check(train_time_s, step)
             if chosen_now:
                 totals_end, switch_began = sync.totals(), time.perf_counter()
-                cfg, sync, flushed = replan.switch(cfg, chosen_now, sync, module, opt,
-                                                   device_ids)
+                model = None  # the old wrapper is freed inside switch, before the new one
+                cfg, sync, flushed = replan.switch(
+                    replanner.cfg, chosen_now, sync, module, opt, device_ids,
+                    scaler.get_scale() if scaler is not None else 1.0)
                 model = sync.model
                 metrics.switched_sync(totals_end, sync.totals())
                 switches.append({"step": step, "to": replanner.current, "flushed": flushed,

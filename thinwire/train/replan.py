@@ -47,8 +47,12 @@ SWITCH_MIN_GAIN = 0.1
 class Replanner:
     """What the loop asks after each evaluation: :meth:`due`, then :meth:`check` (collective)."""
 
-    def __init__(self, cfg, info: dict):
+    def __init__(self, cfg, info: dict, momentum_correction: bool = False):
         self.cfg = cfg  # the run's configuration as given: --algorithm auto, --plan-from
+        # the optimizer was built for it (momentum and weight decay in the hook, or in the
+        # optimizer): a switch may not change it
+        self.momentum_correction = momentum_correction
+        self._skip_interval = False  # the interval after a check holds the check's own time
         self.every_s, self.share = cfg.replan_every_s, cfg.replan_share
         self.basis = info["probe"]["goodput_Bps"]  # the goodput the current plan was made at
         self.current = info["choice"]
@@ -70,7 +74,10 @@ class Replanner:
         pace = _pace(curve)
         if pace is None:
             return False
-        if self.pace is None:  # the first interval measured since the last check or switch
+        if self._skip_interval:  # it holds the last check's probe, plan and switch
+            self._skip_interval = False
+            return False
+        if self.pace is None:  # the first clean interval since the last check or switch
             self.pace = pace
             return False
         return not (1 + self.share) ** -1 <= pace / self.pace <= 1 + self.share
@@ -80,7 +87,8 @@ class Replanner:
         return the new choice's settings where it differs from the current one (collective:
         every rank gets the same answer)."""
         self.checked_at_s = train_time_s
-        self.pace = None  # measured again from the next interval (a switch changes it too)
+        self.pace = None  # measured again after the next interval (a switch changes it too)
+        self._skip_interval = True
         began = time.perf_counter()
         if self._leaders is None:
             self._leaders = auto.node_leaders_group(self.cfg.ranks_per_node,
@@ -126,6 +134,12 @@ class Replanner:
         if message["choice"] == self.current:
             self.events.append(dict(event, kept=self.current))
             return None
+        if bool(message["chosen"].get("momentum_correction", False)) != \
+                self.momentum_correction:
+            self.events.append(dict(event, kept=self.current, best=message["choice"],
+                                    reason="the best changes momentum correction, which the "
+                                           "optimizer was built for"))
+            return None
         if message["current_s"] is not None:
             gain = message["current_s"] / message["best_s"] - 1
             event["predicted_gain"] = gain
@@ -155,19 +169,28 @@ def _warm_up(leaders_group) -> None:
         dist.all_reduce(torch.ones(1024, device=auto._probe_device()), group=group)
 
 
-def switch(cfg, chosen: dict, sync, module, optimizer, device_ids):
-    """Flush ``sync``'s residuals, build the synchronisation ``chosen`` names on ``module``
-    (collective). Returns (the new cfg, the new sync, the flush's record)."""
+def resolved(original, chosen: dict):
+    """The run's configuration as given (``original``: --algorithm auto) with a plan's
+    ``chosen`` settings, as auto's first choice builds it: a candidate names only the settings
+    it sets, so nothing of an earlier choice may linger (its wire, values' dtype, selector)."""
     from thinwire.train import settings
 
-    flushed, mass = sync.flush()
-    new_cfg = dataclasses.replace(cfg, **chosen)
+    new_cfg = dataclasses.replace(original, plan_from="", **chosen)
     while reset := settings.inapplicable(new_cfg):
         new_cfg = dataclasses.replace(new_cfg, **reset)
-    new_cfg.validate()
+    return new_cfg.validate()
+
+
+def switch(original, chosen: dict, sync, module, optimizer, device_ids, scale: float = 1.0):
+    """Flush ``sync``'s residuals, build the synchronisation ``chosen`` names on ``module``
+    (collective). ``scale``: the GradScaler's current scale (the residuals were kept from
+    scaled gradients; the flush is added after the unscaling). Returns (the new cfg, the new
+    sync, the flush's record)."""
+    new_cfg = resolved(original, chosen)
     if not modes.mode_of(new_cfg.algorithm).per_step:
         raise ValueError(f"re-planning switches between per-step synchronisations, got "
                          f"{new_cfg.algorithm!r}")
+    flushed, mass = sync.flush()
     sync.close()
     # DDP's reducer holds hooks on every parameter until it is freed: the old wrapper must go
     # before the new one registers its own, or both would reduce each gradient
@@ -181,20 +204,21 @@ def switch(cfg, chosen: dict, sync, module, optimizer, device_ids):
     new_sync = grad_sync.register_sync(new_cfg, model, new_cfg.ranks_per_node)
     new_sync.attach(optimizer)
     if flushed is not None:
-        add_once_before_step(optimizer, list(module.parameters()), flushed)
+        add_once_before_step(optimizer, list(module.parameters()), flushed, scale)
     return new_cfg, new_sync, mass
 
 
-def add_once_before_step(optimizer, params: list, flushed: list) -> None:
-    """``flushed[i]`` added to ``params[i].grad`` inside the next ``optimizer.step()``, after
-    the step's gradients are synchronised (and unscaled, with a GradScaler), then never again."""
+def add_once_before_step(optimizer, params: list, flushed: list, scale: float = 1.0) -> None:
+    """``flushed[i] / scale`` added to ``params[i].grad`` inside the next ``optimizer.step()``,
+    after the step's gradients are synchronised (and unscaled, with a GradScaler: ``scale``
+    is the loss scale the flushed residuals were kept at), then never again."""
     handle = None
 
     def add(opt, args, kwargs):
         with torch.no_grad():
             for p, extra in zip(params, flushed):
                 if extra is not None and p.grad is not None:
-                    p.grad.add_(extra.to(p.grad.dtype))
+                    p.grad.add_(extra.to(p.grad.dtype), alpha=1.0 / scale)
         handle.remove()
 
     handle = optimizer.register_step_pre_hook(add)
