@@ -47,6 +47,14 @@ def synchronize_then_flush(rank, world, algorithm, ranks_per_node, steps=3):
             "after": state.feedback.mass()["elements"], "buckets": mass["buckets"]}
 
 
+def every_space_then_ddp(rank, world, algorithms, ranks_per_node):
+    """synchronize_then_flush for each algorithm, then ddp_then_flush with hitopk, in one
+    world (one spawn of the ranks for the lot)."""
+    out = {a: synchronize_then_flush(rank, world, a, ranks_per_node) for a in algorithms}
+    out["ddp"] = ddp_then_flush(rank, world, "hitopk", ranks_per_node)
+    return out
+
+
 def ddp_then_flush(rank, world, algorithm, ranks_per_node, steps=3):
     """The same through the DDP hook (its layouts index module.parameters())."""
     torch.manual_seed(0)

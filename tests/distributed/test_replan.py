@@ -36,24 +36,18 @@ def test_a_link_that_speeds_up_switches_hitopk_to_allreduce_and_flushes(tmp_path
         assert r["old_steps_at_switch"] == 4 and r["old_steps_at_end"] == 4
 
 
-def test_a_steady_link_keeps_the_first_choice(tmp_path):
+def test_a_steady_link_or_a_small_promise_keeps_the_first_choice(tmp_path):
     path = _results(tmp_path, ranks_per_node=1)
+    # 150 -> 200 Mbit/s crosses the plan's crossing on 2 x 1: the all-reduce is predicted
+    # faster there than hitopk, but by 8%, less than SWITCH_MIN_GAIN; then changes inside
+    # --replan-share
     results = run_ranks(replan_workers.train_with_replanning, 2, str(path),
-                        [1e9, 1.1e9, 0.95e9, 1e9])
-    replanning = results[0]["summary"]["auto"]["replanning"]
-    assert replanning["switches"] == [] and len(replanning["checks"]) == 3
-    assert all("kept" in c for c in replanning["checks"])
-    assert results[0]["summary"]["algorithm"] == "allreduce"
-
-
-def test_a_switch_that_promises_little_is_not_made(tmp_path):
-    path = _results(tmp_path, ranks_per_node=1)
-    # just across the plan's crossing on 2 x 1 (150-200 Mbit/s): at 200 Mbit/s the all-reduce
-    # is predicted faster than hitopk by 8%, less than SWITCH_MIN_GAIN
-    results = run_ranks(replan_workers.train_with_replanning, 2, str(path),
-                        [1.5e8, 2e8, 2e8, 2e8])
-    replanning = results[0]["summary"]["auto"]["replanning"]
-    assert replanning["switches"] == []
-    moved = replanning["checks"][0]
+                        [1.5e8, 2e8, 2.1e8, 1.95e8])
+    summary = results[0]["summary"]
+    replanning = summary["auto"]["replanning"]
+    assert replanning["switches"] == [] and summary["auto"]["choice"].startswith("hitopk")
+    moved, *steady = replanning["checks"]
     assert moved["change"] > 0.3 and moved["best"].startswith("allreduce")
     assert 0 < moved["predicted_gain"] < 0.1 and moved["kept"].startswith("hitopk")
+    assert len(steady) == 2 and all(abs(c["change"]) <= 0.3 and "kept" in c and
+                                    "planned_at_bps" not in c for c in steady)

@@ -73,7 +73,7 @@ def node_leaders_group(ranks_per_node: int, timeout_s: float):
     return leaders, group
 
 
-def _probe_device() -> torch.device:
+def probe_device() -> torch.device:
     """Where the probe's buffers live: the gradients' device where NCCL carries them (a CUDA
     run's group is "cpu:gloo,cuda:nccl"), so the probe measures the backend the run trains
     with."""
@@ -101,7 +101,7 @@ def probe_inter_node(ranks_per_node: int, timeout_s: float = CHOOSING_TIMEOUT_S,
     own = leaders_group is None
     leaders, group = node_leaders_group(ranks_per_node, timeout_s) if own else leaders_group
     nodes = len(leaders)
-    device = _probe_device()
+    device = probe_device()
     result = torch.zeros(3, dtype=torch.float64, device=device)
     if nodes > 1 and dist.get_rank() in leaders:
         times = {}
@@ -184,7 +184,7 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
     return {"algorithm": best["algorithm"], **best["settings"]}, info
 
 
-def _broadcast_json(payload: dict | None, group) -> dict:
+def broadcast_json(payload: dict | None, group) -> dict:
     """Rank 0's ``payload`` on every rank (JSON bytes over ``group``, a gloo group: never a
     pickle, and CPU tensors whatever the run's backend)."""
     data = json.dumps(payload).encode() if dist.get_rank() == 0 else b""
@@ -228,7 +228,7 @@ def resolve(cfg):
             except Exception as exc:  # every rank ends with rank 0's error, none waits on
                 message = {"error": f"{exc}" if isinstance(exc, (ValueError, OSError))
                            else f"{type(exc).__name__}: {exc}"}
-        message = _broadcast_json(message, waiting)
+        message = broadcast_json(message, waiting)
     finally:
         dist.destroy_process_group(waiting)
     if "error" in message:

@@ -122,7 +122,7 @@ class Replanner:
         group = dist.new_group(backend="gloo", timeout=datetime.timedelta(
             seconds=max(auto.CHOOSING_TIMEOUT_S, self.cfg.collective_timeout_s)))
         try:
-            message = auto._broadcast_json(message, group)
+            message = auto.broadcast_json(message, group)
         finally:
             dist.destroy_process_group(group)
         if "error" in message:
@@ -166,7 +166,7 @@ def _warm_up(leaders_group) -> None:
     """One small exchange on a new leaders' group: its connections open outside the timing."""
     leaders, group = leaders_group
     if len(leaders) > 1 and dist.get_rank() in leaders:
-        dist.all_reduce(torch.ones(1024, device=auto._probe_device()), group=group)
+        dist.all_reduce(torch.ones(1024, device=auto.probe_device()), group=group)
 
 
 def resolved(original, chosen: dict):
