@@ -60,6 +60,7 @@ class Replanner:
         self.pace: float | None = None  # seconds a step at the last check (or switch)
         self.events: list[dict] = []  # every check and switch, for the summary
         self._leaders = None  # the node leaders' group, made at the first check and kept
+        self._answers = None  # every rank's group for rank 0's answer, likewise
 
     def due(self, curve: list[dict]) -> bool:
         """After an evaluation (``curve``: the run's, the same on every rank): every
@@ -119,15 +120,15 @@ class Replanner:
                            "current_s": info.get("current_time_to_target_s")}
             except Exception as exc:  # noqa: BLE001 - every rank ends with rank 0's error
                 message = {"error": f"{type(exc).__name__}: {exc}"}
-        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(
-            seconds=max(auto.CHOOSING_TIMEOUT_S, self.cfg.collective_timeout_s)))
-        try:
-            message = auto.broadcast_json(message, group)
-        finally:
-            dist.destroy_process_group(group)
-        if "error" in message:
-            raise ValueError(f"--algorithm auto, re-planning at step {step}: "
-                             f"{message['error']}")
+        if self._answers is None:  # a gloo group of every rank, kept: rank 0 plans meanwhile
+            self._answers = dist.new_group(backend="gloo", timeout=datetime.timedelta(
+                seconds=max(auto.CHOOSING_TIMEOUT_S, self.cfg.collective_timeout_s)))
+        message = auto.broadcast_json(message, self._answers)
+        if "error" in message:  # the run goes on with what it has: no rank is left waiting
+            log.warning("auto: re-planning at step %d failed (%s); keeping %s", step,
+                        message["error"], self.current)
+            self.events.append(dict(event, kept=self.current, reason=message["error"]))
+            return None
         self.basis = goodput
         event["planned_at_bps"] = message["planned_at_bps"]
         event["probe_and_plan_s"] = time.perf_counter() - began
