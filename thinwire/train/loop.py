@@ -62,6 +62,9 @@ def train(cfg: TrainConfig) -> dict:
         if cfg.replan_every_s > 0 and modes.mode_of(resolved.algorithm).per_step:
             replanner = replan.Replanner(cfg, record,  # DiLoCo's loop is not switched
                                          momentum_correction=resolved.momentum_correction)
+            if not resolved.eval_every and dist.get_rank() == 0:
+                log.warning("auto: re-planning checks after evaluations; with --eval-every 0 "
+                            "they come only at the end of each epoch")
         return _train(resolved, device, record, replanner)
     finally:
         if owns_group:
