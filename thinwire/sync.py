@@ -95,8 +95,6 @@ def flush_residuals(parameters: Iterable[torch.Tensor], state):
 
 def flush_indexed(params: list[torch.Tensor], state):
     """:func:`flush_residuals` with ``params`` indexed as the residuals' layouts index them."""
-    import torch.distributed as dist
-
     from thinwire import collectives
 
     topo = state.topology
@@ -119,21 +117,30 @@ def flush_indexed(params: list[torch.Tensor], state):
             summed[i].add_(flat[offset:offset + size].view_as(summed[i]))
             offset += size
     mass = dict(state.feedback.mass(), buckets=len(state.feedback.residuals))
-    # one dense all-reduce per (dtype, device) of every parameter: a flush costs a dense step
+    state.feedback.reset()
+    return average_over_ranks(summed, topo.world), mass
+
+
+def average_over_ranks(tensors: list[torch.Tensor], group=None) -> list[torch.Tensor]:
+    """Each tensor averaged over the ranks of ``group`` (collective): one dense all-reduce
+    per (dtype, device), so a flush costs about one dense step."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    out = list(tensors)
     kinds: dict = {}
-    for i, tensor in enumerate(summed):
+    for i, tensor in enumerate(tensors):
         kinds.setdefault((tensor.dtype, tensor.device), []).append(i)
     for members in kinds.values():
-        flat = torch.cat([summed[i].reshape(-1) for i in members])
-        dist.all_reduce(flat, group=topo.world)
-        flat.div_(topo.world_size)
+        flat = torch.cat([tensors[i].reshape(-1) for i in members])
+        dist.all_reduce(flat, group=group)
+        flat.div_(world)
         offset = 0
         for i in members:
-            size = summed[i].numel()
-            summed[i] = flat[offset:offset + size].view_as(summed[i])
+            size = tensors[i].numel()
+            out[i] = flat[offset:offset + size].view_as(tensors[i])
             offset += size
-    state.feedback.reset()
-    return summed, mass
+    return out
 
 
 def _in_bucket_space(space: str, residual: torch.Tensor, numel: int, topo,

@@ -48,20 +48,41 @@ def synchronize_then_flush(rank, world, algorithm, ranks_per_node, steps=3):
 
 
 def every_space_then_ddp(rank, world, algorithms, ranks_per_node):
-    """synchronize_then_flush for each algorithm, then ddp_then_flush with hitopk, in one
-    world (one spawn of the ranks for the lot)."""
+    """synchronize_then_flush for each algorithm, then ddp_then_flush with hitopk and the
+    PowerSGD flush, in one world (one spawn of the ranks for the lot)."""
     out = {a: synchronize_then_flush(rank, world, a, ranks_per_node) for a in algorithms}
     out["ddp"] = ddp_then_flush(rank, world, "hitopk", ranks_per_node)
+    out["powersgd"] = powersgd_then_flush(rank, world)
     return out
 
 
 def ddp_then_flush(rank, world, algorithm, ranks_per_node, steps=3):
     """The same through the DDP hook (its layouts index module.parameters())."""
+    def hook(model):
+        thinwire.ddp.register(model, algorithm=algorithm, density=0.05, selector="exact",
+                              ranks_per_node=ranks_per_node, dense_below_bytes=1024)
+        return lambda: thinwire.ddp.flush_residuals(model)
+    return _ddp_conservation(rank, world, hook, steps)
+
+
+def powersgd_then_flush(rank, world, steps=5):
+    """PyTorch's PowerSGD hook as compare registers it: its error memory flushed the same way
+    (the switch away from PowerSGD)."""
+    from thinwire.train import grad_sync
+
+    def hook(model):
+        sync = grad_sync.register(model, "powersgd", powersgd_rank=1, powersgd_start_iter=2)
+        return sync.flush
+    return _ddp_conservation(rank, world, hook, steps)
+
+
+def _ddp_conservation(rank, world, register, steps):
+    """Train ``steps`` with the hook ``register`` puts on a DDP model, flush, and compare
+    what was applied plus the flush with every rank's gradients averaged densely."""
     torch.manual_seed(0)
     module = nn.Sequential(nn.Linear(64, 300), nn.Linear(300, 10))
     model = DDP(module, bucket_cap_mb=0.05)
-    thinwire.ddp.register(model, algorithm=algorithm, density=0.05, selector="exact",
-                          ranks_per_node=ranks_per_node, dense_below_bytes=1024)
+    flush = register(model)
     applied = [torch.zeros_like(p, dtype=torch.float64) for p in module.parameters()]
     reference = [torch.zeros_like(p, dtype=torch.float64) for p in module.parameters()]
     for step in range(steps):
@@ -77,8 +98,8 @@ def ddp_then_flush(rank, world, algorithm, ranks_per_node, steps=3):
             copy(inputs[other]).square().sum().backward()
             for r, p in zip(reference, copy.parameters()):
                 r.add_(p.grad.double() / world)
-    flushed, _ = thinwire.ddp.flush_residuals(model)
+    flushed, mass = flush()
     error = max(float((a + f.double() - r).abs().max() / r.abs().max())
                 for a, f, r in zip(applied, flushed, reference))
     dist.barrier()
-    return {"relative_error": error}
+    return {"relative_error": error, "flushed": mass}

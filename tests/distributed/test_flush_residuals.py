@@ -1,7 +1,8 @@
 """Flushing the error-feedback residuals (the switch of --algorithm auto's re-planning):
 what the sparse steps applied plus the flush equals the dense average of every rank's
 gradients over those steps, for each residual space (a whole bucket; hitopk's node shard),
-through thinwire.synchronize and through the DDP hook (2 x 2 gloo ranks, one spawn)."""
+through thinwire.synchronize, through the DDP hook, and for PowerSGD's error memory (2 x 2
+gloo ranks, one spawn)."""
 
 from harness import run_ranks
 
@@ -19,3 +20,5 @@ def test_applied_plus_flushed_is_the_dense_average():
             assert r["error"] < 1e-5, (algorithm, r)
             assert r["after"] == 0 and r["buckets"] >= 1, (algorithm, r)
         assert rank["ddp"]["relative_error"] < 1e-5, rank["ddp"]
+        powersgd = rank["powersgd"]  # its error memory, flushed the same way
+        assert powersgd["flushed"]["l1"] > 0 and powersgd["relative_error"] < 1e-5, powersgd

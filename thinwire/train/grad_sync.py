@@ -132,7 +132,8 @@ def _flush_powersgd(state, layouts: dict, params: list):
     """PowerSGD's error feedback (``error_dict``: per bucket, this rank's error over DDP's
     bucket buffer, its parameters in ``layouts[index]`` order), averaged over the ranks."""
     import torch
-    import torch.distributed as dist
+
+    from thinwire.sync import average_over_ranks
 
     if not state.error_dict:  # still in its dense first iterations (alike on every rank)
         return None, {}
@@ -145,16 +146,9 @@ def _flush_powersgd(state, layouts: dict, params: list):
             summed[i].add_(error[offset:offset + size].view_as(summed[i]))
             offset += size
         l1 += float(error.double().abs().sum())
-    flat = torch.cat([t.reshape(-1) for t in summed])
-    dist.all_reduce(flat, group=state.process_group)
-    flat.div_(dist.get_world_size(state.process_group))
-    out, offset = [], 0
-    for t in summed:
-        out.append(flat[offset:offset + t.numel()].view_as(t))
-        offset += t.numel()
     buckets = len(state.error_dict)
     state.error_dict.clear()
-    return out, {"l1": l1, "buckets": buckets}
+    return average_over_ranks(summed, state.process_group), {"l1": l1, "buckets": buckets}
 
 
 # What of a PowerSGDState changes while training (the rest is configuration).
