@@ -42,9 +42,7 @@ class TopK:
         if self.selector not in topk.METHODS:
             raise ValueError(
                 f"selector must be one of {', '.join(topk.METHODS)}, got {self.selector!r}")
-        if self.selector == "auto" and self.options:
-            raise ValueError(f"selector_options {sorted(self.options)} need a named selector; "
-                             "'auto' picks exact or mstopk by device, so name one of them")
+        topk.check_selector_options(self.selector, self.options)
 
     def k(self, numel: int) -> int:
         return topk.k_unchecked(numel, self.density)  # density was checked in __post_init__

@@ -37,7 +37,8 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # "auto" (the default): torch.topk ("exact") on a GPU, "mstopk" on the CPU. On an H100 a 25 MiB
 # bucket (6.55M fp32 entries, k = 1%) took 0.46 ms with torch.topk and 6.2 ms with thinwire's
 # MSTopK, whose ~30 small tensor operations a pass are bound by their launches there; on the
-# CPU MSTopK's shrinking working set is what beats torch.topk (docs/results.md, "GPU").
+# CPU MSTopK's shrinking working set is what beats torch.topk (docs/results.md, "Top-k
+# selection on an H100"; decision record 032).
 METHODS = ("auto", "mstopk", "mstopk-carry", "exact", "sampled")
 
 
@@ -46,6 +47,13 @@ def resolve(method: str, device: torch.device) -> str:
     if method == "auto":
         return "mstopk" if device.type in ("cpu", "meta") else "exact"
     return method
+
+
+def check_selector_options(method: str, options: dict) -> None:
+    """Selector options belong to one named selector: "auto" takes none."""
+    if method == "auto" and options:
+        raise ValueError(f"selector options {sorted(options)} need a named selector; 'auto' "
+                         "picks exact or mstopk by device, so name one of them")
 
 # Entries per block when the CPU streams over a large tensor: small enough that temporaries stay
 # in cache and come from the allocator's reused heap instead of fresh (page-faulting) mappings.
@@ -408,9 +416,7 @@ def select(x: torch.Tensor, k: int, method: str = "mstopk",
     "mstopk": the carried threshold lives in compress.TopK, per bucket)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
-    if method == "auto" and options:
-        raise ValueError(f"selector options {sorted(options)} need a named selector; 'auto' "
-                         "picks exact or mstopk by device, so name one of them")
+    check_selector_options(method, options)
     return _SELECTORS[resolve(method, x.device)](x, k, **options)
 
 
