@@ -13,8 +13,11 @@ import math
 
 from thinwire.output import OutputPathError, check_output_path
 
-__all__ = ["OutputPathError", "add_algorithm_option", "algorithm_option", "check_output_path",
-           "device", "integer", "number", "options_by_algorithm"]
+__all__ = ["OutputPathError", "add_algorithm_option", "add_declared", "algorithm_option",
+           "check_output_path", "device", "integer", "number", "options_by_algorithm",
+           "refuse_unused"]
+
+_DECLARED = object()  # add_declared's "the declaration's default"
 
 
 def integer(low: int, high: int | None = None):
@@ -103,6 +106,48 @@ def options_by_algorithm(items: list[tuple[str, str, object]], algorithms: list[
             raise ValueError(f"{flag} {algorithm}:{name} is given twice")
         out[algorithm][name] = value
     return out
+
+
+def add_declared(parser, option, *, flag: str | None = None, dest: str | None = None,
+                 default=_DECLARED, help_prefix: str = "") -> None:
+    """One command-line option read from a declared setting (``thinwire.options.Option``: an
+    algorithm's, a transport's, or a training setting of ``thinwire.train.settings``): its
+    type, range and help come from the declaration, so a benchmark takes the same values with
+    the same message as `thinwire train`. ``default``: where a command's own default differs
+    (said in its help); ``help_prefix``: which of the command's runs use it."""
+    flag = flag or getattr(option, "cli_flag", None) or "--" + option.name.replace("_", "-")
+    default = option.default if default is _DECLARED else option.check(default, label=flag)
+    shown = "automatic" if default is None else str(default).lower() \
+        if isinstance(default, bool) else default
+    kwargs = dict(dest=dest or option.name, default=default,
+                  help=f"{help_prefix}{option.help}" + ("" if option.type is bool else
+                                                        f" ({option.allowed()}; default {shown})"))
+    if option.type is bool and not getattr(option, "negate", False):
+        kwargs["action"] = "store_true"
+    elif option.type is bool:
+        kwargs["action"] = "store_false"
+    else:
+        def parse(text: str):
+            try:
+                return option.parse(text, label=flag)
+            except ValueError as error:
+                raise argparse.ArgumentTypeError(str(error).replace(f"{flag} must", "must")) \
+                    from None
+        parse.__name__ = option.type.__name__
+        kwargs.update(type=parse, metavar=getattr(option, "metavar", None))
+    parser.add_argument(flag, **kwargs)
+
+
+def refuse_unused(args, rules) -> None:
+    """A value other than the default, given to an option no run of this command uses, is
+    refused by name (it would be ignored without a word). ``rules``: (flag, dest, default,
+    whether a run uses it, which runs would)."""
+    for flag, dest, default, is_used, applies_to in rules:
+        value = getattr(args, dest)
+        if not is_used and value != default:
+            shown = "" if value is True else f" {value}"
+            raise ValueError(f"{flag} applies to {applies_to}; no run of this command uses it, "
+                             f"got {flag}{shown}")
 
 
 def device(text: str) -> str:

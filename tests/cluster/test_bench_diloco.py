@@ -13,12 +13,12 @@ from thinwire.cluster import ClusterSpec
 def test_bench_diloco_small_run():
     spec = ClusterSpec(nodes=2, ranks_per_node=2, shaping=False)
     h = 4
-    sparse = {"sparse_density": 0.1, "chunk": 64, "bits": 2, "ef_decay": 0.95,
-              "sparse_outer_lr": 0.7, "sparse_outer_momentum": 0.0}
+    outer = {"sparse_density": 0.1, "outer_chunk": 64, "outer_bits": 2, "outer_decay": 0.95,
+             "sparse_outer_lr": 0.7, "sparse_outer_momentum": 0.0}
     result = diloco.run(spec, ["ddp", "hitopk", f"diloco-{h}", f"diloco-hitopk-{h}",
                                f"diloco-sparseloco-{h}"], steps=8,
                         batch=8, density=0.05, eval_every=4, target_bits=1e9, model="mlp",
-                        lr=1e-3, timeout_s=300, sparse=sparse)
+                        lr=1e-3, timeout_s=300, outer=outer)
     rows = {r["config"]: r for r in result["rows"]}
     assert set(rows) == {"ddp", "hitopk", "diloco-4", "diloco-hitopk-4", "diloco-sparseloco-4"}
     for row in rows.values():
@@ -35,6 +35,6 @@ def test_bench_diloco_small_run():
     assert rows["diloco-sparseloco-4"]["outer_exchanges"] == 2
     assert 0 < rows["diloco-sparseloco-4"]["inter_bytes_per_step"] < \
         rows["diloco-4"]["inter_bytes_per_step"] / 10
-    assert result["setting"]["sparseloco"] == sparse
+    assert result["setting"]["outer"] == outer
     assert rows["hitopk"]["vs_hitopk_time"] == pytest.approx(1.0)
     assert result["setting"]["target_bits"] == 1e9

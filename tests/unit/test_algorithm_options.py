@@ -86,8 +86,9 @@ def test_every_declared_option_reaches_train_compare_bench_and_simulate(algorith
     assert settings.run_config(algorithm).algorithm_options == {algorithm: {option.name: value}}
     assert settings.run_config("ddp").algorithm_options == {}  # the other runs do not get it
 
-    args = parser.parse_args(["bench", "sync", "--algorithms", algorithm, *flag])
-    assert args.algorithm_option == [(algorithm, option.name, value)]
+    for bench in ("sync", "ddp-hook"):
+        args = parser.parse_args(["bench", bench, "--algorithms", algorithm, *flag])
+        assert args.algorithm_option == [(algorithm, option.name, value)]
 
     args = parser.parse_args(["simulate", "--algorithm", algorithm, *flag])
     assert args.algorithm_option == [(algorithm, option.name, value)]
@@ -133,7 +134,7 @@ def test_train_refuses_an_option_its_run_would_ignore(argv, message):
     ("nope:tau=3", "ALGORITHM must be one of"),
 ])
 @pytest.mark.parametrize("command", [["train"], ["compare", "--out", "x"], ["bench", "sync"],
-                                     ["simulate"]])
+                                     ["bench", "ddp-hook"], ["simulate"]])
 def test_every_command_refuses_a_bad_option_before_anything_runs(command, text, message, capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args([*command, "--algorithm-option", text])

@@ -116,3 +116,73 @@ def test_cli_simulate_adds_diloco_rows(tmp_path, capsys):
     assert dense["fragments"] == 2 and dense["overlap"] is True
     assert len(result["scaling"]) == 6
     assert "diloco-hitopk-H50" in capsys.readouterr().out
+
+
+def test_sparseloco_sends_its_payload_between_nodes_and_gathers_inside():
+    """SparseOuterState.reduce: each of the n ranks compresses 1/n of the pseudo-gradient,
+    all-gathers its payload with the other node (one ring step; the node's n payloads share its
+    link), then the node all-gathers the dense average. At density 1/64 in chunks of 4096 (64 kept a chunk), 2-bit values: a chunk
+    costs 64 int16 indices + 16 bytes of codes + a float32 scale = 148 bytes."""
+    from thinwire.local_sgd import chunked
+    from thinwire.sim.diloco import SparseLoCoConfig
+
+    outer = SparseLoCoConfig(density=1 / 64, chunk=4096, bits=2)
+    r = simulate_diloco(LAYERS, Cluster(2, 2), NET, outer, RATES, sync_every=10,
+                        bucket_bytes=BUCKET)
+    shard = P // 2
+    payload = chunked.payload_bytes(shard, 1 / 64, 4096, 2)
+    assert payload == -(-shard // 4096) * 148
+    assert r["inter_node_mb_per_iter"] == pytest.approx(2 * payload / 10 / 1e6)
+    exchange = r["exchange_s"][0]
+    inner = row(nodes=1, per_node=2, sync_every=10)["inner_step_s"]
+    intra = NET.intra.time(1, 4 * shard)  # the dense average's all-gather: one block each
+    select = RATES.select_alpha + shard / RATES.select_rate \
+        + 64 * -(-shard // 4096) / RATES.scatter_rate
+    assert exchange == pytest.approx(ALPHA + 2 * payload / BW + intra + select)
+    assert r["iteration_s"] == pytest.approx(inner + exchange / 10)
+    assert r["algorithm"] == "diloco-sparseloco-H10" and r["density"] == 1 / 64
+    # against the dense outer step on the same cluster: about 4 / (148 / 4096) / 2 times fewer
+    dense = simulate_diloco(LAYERS, Cluster(2, 2), NET, AlgorithmConfig("hier_allreduce"),
+                            RATES, sync_every=10, bucket_bytes=BUCKET)
+    assert dense["inter_node_mb_per_iter"] / r["inter_node_mb_per_iter"] > 50
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"chunk": 40_000}, "chunk"), ({"bits": 3}, "bits"), ({"density": 0.0}, "density")])
+def test_sparseloco_settings_are_checked_as_the_trainer_checks_them(kwargs, message):
+    from thinwire.sim.diloco import SparseLoCoConfig
+
+    with pytest.raises(ValueError, match=message):
+        SparseLoCoConfig(**kwargs)
+
+
+def test_cli_simulate_takes_sparseloco_with_its_declared_settings(tmp_path):
+    import json
+
+    from thinwire.cli import main as thinwire_main
+
+    out = tmp_path / "sim.json"
+    base = ["simulate", "--nodes", "4", "--model", "bert-base", "--algorithm", "allreduce",
+            "--diloco-sync-every", "20", "--scaling-nodes", "2", "--no-plot"]
+    rows = {}
+    for bits in ("2", "8"):
+        assert thinwire_main(base + ["--outer-algorithm", "sparseloco", "--outer-bits", bits,
+                                     "--outer-chunk", "1024", "--json", str(out)]) == 0
+        rows[bits] = json.loads(out.read_text())["breakdown"][1]
+    assert rows["2"]["algorithm"] == "diloco-sparseloco-H20"
+    assert 0 < rows["2"]["inter_node_mb_per_iter"] < rows["8"]["inter_node_mb_per_iter"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--outer-bits", "4"], "--outer-bits applies to --outer-algorithm sparseloco"),
+    (["--diloco-sync-every", "5", "--outer-chunk", "64"], "--outer-chunk applies to"),
+    (["--outer-algorithm", "hitopk"], "--outer-algorithm applies to --diloco-sync-every H > 0"),
+    (["--diloco-overlap"], "--diloco-overlap applies to --diloco-sync-every H > 0"),
+    (["--diloco-sync-every", "5", "--outer-algorithm", "nope"],
+     "--outer-algorithm must be one of allreduce"),
+])
+def test_cli_simulate_refuses_a_diloco_setting_it_would_ignore(argv, message, capsys):
+    from thinwire.cli import main as thinwire_main
+
+    assert thinwire_main(["simulate", "--no-plot", *argv]) != 0
+    assert message in capsys.readouterr().err

@@ -32,7 +32,7 @@ import torch.nn as nn
 
 from thinwire.bench.report import save_if_asked
 from thinwire.cliargs import device as device_type
-from thinwire.cliargs import integer, number
+from thinwire.cliargs import add_algorithm_option, integer, number, options_by_algorithm
 from thinwire.output import format_table
 
 COLUMNS = ("config", "step_ms", "vs_ddp", "serial_ms", "hidden")
@@ -48,14 +48,6 @@ def _model(width: int, layers: int, device: torch.device) -> nn.Module:
     for _ in range(layers):
         blocks += [nn.Linear(width, width), nn.ReLU()]
     return nn.Sequential(*blocks).to(device)
-
-
-def _settings(algorithm: str, density: float, wire: str | None, selector: str) -> dict:
-    from thinwire import collectives
-
-    if collectives.get(algorithm).sparse:
-        return {"density": density, "selector": selector}
-    return {"wire": wire} if wire else {}
 
 
 class _Config:
@@ -76,8 +68,10 @@ class _Config:
         self.optimizer.step()
 
 
-def _configs(algorithms, device, width, layers, batch_size, density, wire, selector,
+def _configs(algorithms, device, width, layers, batch_size, sync, algorithm_options,
              bucket_mb):
+    from thinwire.bench.sync_settings import for_algorithm
+
     import thinwire
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -100,7 +94,8 @@ def _configs(algorithms, device, width, layers, batch_size, density, wire, selec
     model.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
     configs.append(_Config("torch-fp16", model, opt, (x, y)))
     for algorithm in algorithms:
-        settings = _settings(algorithm, density, wire, selector)
+        settings = for_algorithm(algorithm, sync)
+        settings["algorithm_options"] = algorithm_options.get(algorithm)
         model, opt = wrapped()
         thinwire.ddp.register(model, algorithm=algorithm, ranks_per_node=1, **settings)
         configs.append(_Config(algorithm, model, opt, (x, y)))
@@ -128,13 +123,29 @@ def _time(config: _Config, steps: int, device: torch.device) -> float:
 
 def run(algorithms=("allreduce", "hier_allreduce", "hitopk"), device: str = "cpu",
         width: int | None = None, layers: int | None = None, batch: int | None = None,
-        density: float = 0.01, wire: str | None = None, selector: str = "auto",
+        sync: dict | None = None, algorithm_options: dict | None = None,
         bucket_mb: float = 25.0,
         steps: int = 10, warmup: int = 3, repeats: int = 3) -> dict:
+    """``sync``: {setting: value} of thinwire.bench.sync_settings.NAMES (each algorithm gets
+    the ones it uses; the rest keep train's defaults); ``algorithm_options``: {algorithm:
+    {name: value}}, each algorithm's declared settings."""
     from thinwire import collectives
+    from thinwire.bench.sync_settings import NAMES
+    from thinwire.train.settings import BY_NAME
 
     for algorithm in algorithms:
         collectives.get(algorithm)  # an unknown name fails here, naming the known ones
+    unknown = sorted(set(sync or {}) - set(NAMES))
+    if unknown:
+        raise ValueError(f"sync: unknown settings {unknown}; allowed: {', '.join(NAMES)}")
+    sync = {name: BY_NAME[name].checked((sync or {}).get(name, BY_NAME[name].default))
+            for name in NAMES}
+    algorithm_options = dict(algorithm_options or {})
+    for name, given in algorithm_options.items():  # before any process group exists
+        if name not in algorithms:
+            raise ValueError(f"algorithm_options names {name!r}, which is not one of the "
+                             f"algorithms timed ({', '.join(algorithms)})")
+        collectives.get(name).check_options(given)
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device} requested but CUDA is not available")
@@ -151,8 +162,8 @@ def run(algorithms=("allreduce", "hier_allreduce", "hitopk"), device: str = "cpu
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo",
                                 init_method=f"file://{store}/store", rank=0, world_size=1)
         try:
-            configs = _configs(list(algorithms), dev, width, layers, batch, density, wire,
-                               selector, bucket_mb)
+            configs = _configs(list(algorithms), dev, width, layers, batch, sync,
+                               algorithm_options, bucket_mb)
             for config in configs:  # warm up: DDP rebuilds its buckets after step one
                 for _ in range(warmup):
                     config.step()
@@ -179,15 +190,19 @@ def run(algorithms=("allreduce", "hier_allreduce", "hitopk"), device: str = "cpu
     return {"device": str(dev), "device_name": torch.cuda.get_device_name(dev)
             if dev.type == "cuda" else "cpu", "torch": torch.__version__,
             "model": {"width": width, "layers": layers, "parameters": params},
-            "batch": batch, "density": density, "wire": wire, "selector": selector,
+            "batch": batch, **sync, "algorithm_options": algorithm_options,
             "bucket_mb": bucket_mb,
             "steps": steps, "warmup": warmup, "repeats": repeats, "rows": rows}
 
 
 def _main(args: argparse.Namespace) -> int:
+    from thinwire.bench import sync_settings
+
+    sync_settings.refuse_unused(args, args.algorithms)
     result = run(args.algorithms, args.device, args.width, args.layers, args.batch,
-                 args.density, args.wire, args.selector, args.bucket_mb, args.steps,
-                 args.warmup, args.repeats)
+                 {name: getattr(args, name) for name in sync_settings.NAMES},
+                 options_by_algorithm(args.algorithm_option or [], args.algorithms),
+                 args.bucket_mb, args.steps, args.warmup, args.repeats)
     model = result["model"]
     print(f"{result['device_name']}, torch {result['torch']}: MLP {model['layers']} x "
           f"{model['width']} ({model['parameters'] / 1e6:.1f}M parameters), batch "
@@ -198,7 +213,8 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def register(bench_subparsers) -> None:
-    from thinwire import collectives, topk
+    from thinwire import collectives
+    from thinwire.bench import sync_settings
 
     parser = bench_subparsers.add_parser(
         "ddp-hook", help="what thinwire's DDP hook costs a step, and how much of it hides "
@@ -214,12 +230,8 @@ def register(bench_subparsers) -> None:
                         help="the MLP's layers (default 8 on CUDA, 4 on the CPU)")
     parser.add_argument("--batch", type=integer(1), default=None,
                         help="samples a step (default 512 on CUDA, 32 on the CPU)")
-    parser.add_argument("--density", type=number(0, 1, low_open=True), default=0.01,
-                        help="the sparse algorithms' density")
-    parser.add_argument("--selector", choices=topk.METHODS, default="auto",
-                        help="the sparse algorithms' top-k selector")
-    parser.add_argument("--wire", choices=["fp16", "bf16"], default=None,
-                        help="the dense algorithms' wire precision (default: the gradient's)")
+    sync_settings.add(parser)
+    add_algorithm_option(parser)
     parser.add_argument("--bucket-mb", type=number(0, low_open=True), default=25.0,
                         help="DDP's bucket size (bucket_cap_mb)")
     parser.add_argument("--steps", type=integer(1), default=10, help="timed steps a round")

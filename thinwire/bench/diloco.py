@@ -15,10 +15,25 @@ import statistics
 
 from thinwire.bench.report import (add_collective_timeout, format_table,
                                    run_cluster_worker, save_if_asked)
-from thinwire.cliargs import integer, number
+from thinwire.cliargs import add_declared, integer, number, refuse_unused
 
-SPARSE_OPTIONS = ("sparse_density", "chunk", "bits", "ef_decay", "sparse_outer_lr",
-                  "sparse_outer_momentum")
+# The DiLoCo settings this benchmark passes to its configurations, as `thinwire train` declares
+# them (thinwire.train.settings): (dest, setting, flag, own default or None, which runs use it).
+# The sparseloco configuration's outer learning rate and momentum have their own flags, since
+# a race runs it beside dense DiLoCo (SparseLoCo's outer step has no momentum).
+OUTER_SETTINGS = (
+    ("outer_lr", "outer_lr", None, None, "diloco-H and diloco-hitopk-H"),
+    ("outer_momentum", "outer_momentum", None, None, "diloco-H and diloco-hitopk-H"),
+    ("fragments", "fragments", None, None, "the DiLoCo configurations"),
+    ("overlap", "overlap", None, None, "the DiLoCo configurations"),
+    ("sparse_density", "density", "--sparse-density", 0.1, "diloco-sparseloco-H"),
+    ("outer_chunk", "outer_chunk", None, None, "diloco-sparseloco-H"),
+    ("outer_bits", "outer_bits", None, None, "diloco-sparseloco-H"),
+    ("outer_decay", "outer_decay", None, None, "diloco-sparseloco-H"),
+    ("sparse_outer_lr", "outer_lr", "--sparse-outer-lr", 0.7, "diloco-sparseloco-H"),
+    ("sparse_outer_momentum", "outer_momentum", "--sparse-outer-momentum", 0.0,
+     "diloco-sparseloco-H"),
+)
 COLUMNS = ("config", "s_per_step", "vs_hitopk_time", "inter_kb_per_step", "ddp_bytes_over",
            "final_bits", "time_to_target_s", "vs_hitopk_to_target")
 
@@ -31,18 +46,25 @@ def run(spec, configs, steps: int, batch: int, density: float, eval_every: int,
         target_bits: float | None, model: str = "transformer", lr: float = 3e-3,
         outer_density: float | None = None, timeout_s: float = 3600,
         collective_timeout_s: float = 300.0,
-        sparse: dict | None = None) -> dict:
+        outer: dict | None = None) -> dict:
+    """``outer``: {dest: value} of OUTER_SETTINGS (the rest keep their defaults)."""
     from thinwire.bench.diloco_worker import check_config_name
 
     for name in configs:  # before anything launches
         if name not in ("ddp", "hitopk"):
             check_config_name(name)
+    outer = dict(outer or {})
+    unknown = sorted(set(outer) - {dest for dest, *_ in OUTER_SETTINGS})
+    if unknown:
+        raise ValueError(f"outer: unknown settings {unknown}; allowed: "
+                         f"{', '.join(dest for dest, *_ in OUTER_SETTINGS)}")
     args = ["--model", model, "--steps", str(steps), "--batch", str(batch),
             "--density", str(density), "--eval-every", str(eval_every), "--lr", str(lr)]
     if outer_density is not None:
         args += ["--outer-density", str(outer_density)]
-    for key, value in (sparse or {}).items():  # the diloco-sparseloco-H settings
-        args += [f"--{key.replace('_', '-')}", str(value)]
+    for key, value in outer.items():
+        flag = f"--{key.replace('_', '-')}"
+        args += ([flag] if value else []) if isinstance(value, bool) else [flag, str(value)]
     args += ["--configs", *configs]
     result = run_cluster_worker(spec, "thinwire.bench.diloco_worker", args, timeout_s,
         collective_timeout_s)
@@ -66,7 +88,7 @@ def run(spec, configs, steps: int, batch: int, density: float, eval_every: int,
                          "inter_node_bandwidth": spec.inter_node_bandwidth,
                          "shaping": spec.shaping, "model": model, "steps": steps,
                          "batch": batch, "density": density, "outer_density": outer_density or density,
-                         "eval_every": eval_every, "sparseloco": sparse,
+                         "eval_every": eval_every, "outer": outer,
                          "lr": lr, "target_bits": target}
     return result
 
@@ -106,15 +128,16 @@ def _main(args: argparse.Namespace) -> int:
     from thinwire.cluster import ClusterSpec
 
     result = {}
+    configs = args.configs or (["ddp", "hitopk"] + [f"diloco-{h}" for h in args.sync_every]
+                               + [f"diloco-hitopk-{h}" for h in args.sync_every])
     if not args.torchft_only:
+        _refuse_unused(args, configs)
         spec = ClusterSpec(nodes=args.nodes, ranks_per_node=args.ranks_per_node,
                            inter_node_bandwidth=args.inter_node_bandwidth,
                            shaping=not args.no_shaping)
-        configs = args.configs or (["ddp", "hitopk"] + [f"diloco-{h}" for h in args.sync_every]
-                                   + [f"diloco-hitopk-{h}" for h in args.sync_every])
         result = run(spec, configs, args.steps, args.batch, args.density, args.eval_every,
                      args.target_bits, args.model, args.lr, args.outer_density,
-                     sparse={k: getattr(args, k) for k in SPARSE_OPTIONS},
+                     outer={dest: getattr(args, dest) for dest, *_ in OUTER_SETTINGS},
                      collective_timeout_s=args.collective_timeout)
         print(format_table(result["rows"], COLUMNS))
     if args.torchft or args.torchft_only:
@@ -124,6 +147,31 @@ def _main(args: argparse.Namespace) -> int:
         print(f"thinwire / torchft per outer step: {result['torchft']['thinwire_over_torchft']:.3f}")
     save_if_asked(args.json, result)
     return 0
+
+
+def _add_outer_settings(parser) -> None:
+    from thinwire.train.settings import BY_NAME
+
+    for dest, name, flag, default, used_by in OUTER_SETTINGS:
+        add_declared(parser, BY_NAME[name], flag=flag, dest=dest,
+                     default=BY_NAME[name].default if default is None else default,
+                     help_prefix=f"{used_by}: ")
+
+
+def _refuse_unused(args, configs: list[str]) -> None:
+    """A DiLoCo setting given where no configuration of the race uses it is refused by name."""
+    from thinwire.train.settings import BY_NAME
+
+    kinds = {name.rpartition("-")[0] for name in configs if name not in ("ddp", "hitopk")}
+    users = {"diloco-H and diloco-hitopk-H": bool(kinds & {"diloco", "diloco-hitopk"}),
+             "the DiLoCo configurations": bool(kinds),
+             "diloco-sparseloco-H": "diloco-sparseloco" in kinds}
+    rules = [(flag or BY_NAME[name].cli_flag, dest,
+              BY_NAME[name].default if default is None else default, users[used_by], used_by)
+             for dest, name, flag, default, used_by in OUTER_SETTINGS]
+    rules.append(("--outer-density", "outer_density", None, "diloco-hitopk" in kinds,
+                  "diloco-hitopk-H"))
+    refuse_unused(args, rules)
 
 
 def register(bench_subparsers) -> None:
@@ -149,18 +197,7 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--configs", nargs="+", default=None,
                         help="explicit list: ddp, hitopk, diloco-H, diloco-hitopk-H, "
                              "diloco-sparseloco-H")
-    parser.add_argument("--sparse-density", type=number(0, 1, low_open=True), default=0.1,
-                        help="diloco-sparseloco-H: top-k density within each chunk")
-    parser.add_argument("--chunk", type=integer(1, 32768), default=4096,
-                        help="diloco-sparseloco-H: elements per top-k chunk (<= 32768)")
-    parser.add_argument("--bits", type=integer(0, 8), default=2,
-                        help="diloco-sparseloco-H: bits per sent value, 2, 4 or 8 (0 = float32)")
-    parser.add_argument("--ef-decay", type=number(0, 1), default=0.95,
-                        help="diloco-sparseloco-H: decay of the error-feedback residual")
-    parser.add_argument("--sparse-outer-lr", type=number(0, 10, low_open=True), default=0.7,
-                        help="diloco-sparseloco-H: outer learning rate")
-    parser.add_argument("--sparse-outer-momentum", type=number(0, 1, high_open=True), default=0.0,
-                        help="diloco-sparseloco-H: outer Nesterov momentum (SparseLoCo: 0)")
+    _add_outer_settings(parser)
     parser.add_argument("--eval-every", type=integer(1), default=20,
                         help="steps between held-out evaluations")
     parser.add_argument("--target-bits", type=number(0, 8, low_open=True), default=None,

@@ -58,8 +58,8 @@ OUTER_RECIPES = {
     # chunked top-k, quantised, decayed error feedback
     "diloco-sparseloco": lambda args: (
         dict(algorithm="sparseloco", density=args.sparse_density,
-             sync_options={"chunk": args.chunk, "decay": args.ef_decay,
-                           "bits": args.bits or None}),
+             sync_options={"chunk": args.outer_chunk, "decay": args.outer_decay,
+                           "bits": args.outer_bits or None}),
         args.sparse_outer_lr, args.sparse_outer_momentum),
     # one exchange every H steps: compress every bucket, however small
     "diloco-hitopk": lambda args: (
@@ -91,7 +91,7 @@ def _build(name: str, args, topo: Topology, intra):
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
     outer, lr, momentum = OUTER_RECIPES[kind](args)
     diloco = DiLoCo(model, inner, sync_every=h, outer_lr=lr, outer_momentum=momentum,
-                    topology=topo, **outer)
+                    fragments=args.fragments, overlap=args.overlap, topology=topo, **outer)
     return model, inner, diloco, diloco.state
 
 
@@ -145,11 +145,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--outer-lr", type=float, default=0.7)
     parser.add_argument("--outer-momentum", type=float, default=0.9)
     parser.add_argument("--sparse-density", type=float, default=0.1)
-    parser.add_argument("--chunk", type=int, default=4096)
-    parser.add_argument("--bits", type=int, default=2, help="0 = float32 values")
-    parser.add_argument("--ef-decay", type=float, default=0.95)
+    # the DiLoCo settings: checked by `thinwire bench diloco` (thinwire.bench.diloco)
+    parser.add_argument("--outer-chunk", type=int, default=4096)
+    parser.add_argument("--outer-bits", type=int, default=2, help="0 = float32 values")
+    parser.add_argument("--outer-decay", type=float, default=0.95)
     parser.add_argument("--sparse-outer-lr", type=float, default=0.7)
     parser.add_argument("--sparse-outer-momentum", type=float, default=0.0)
+    parser.add_argument("--fragments", type=int, default=1)
+    parser.add_argument("--overlap", action="store_true")
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--eval-blocks", type=int, default=256)
     add_collective_timeout(parser)

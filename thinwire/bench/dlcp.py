@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from thinwire.bench.report import (add_collective_timeout, format_table,
                                    run_cluster_worker, save_if_asked)
-from thinwire.cliargs import integer, number
+from thinwire.bench import sync_settings
+from thinwire.cliargs import add_declared, integer
 from thinwire.cluster.cli import add_resource_options, resource_kwargs
 from thinwire.collectives.dlcp import ALGORITHM as DLCP
 
@@ -82,10 +83,9 @@ def register(bench_subparsers) -> None:
                         help="loopback only: no shaping, loss or bulk flow")
     parser.add_argument("--size", type=integer(1), default=1_000_000,
                         help="gradient elements per step (default 1000000)")
-    parser.add_argument("--density", type=number(0, 1, low_open=True), default=0.02, help="top-k density (default 0.02)")
+    sync_settings.add(parser, ("density",), defaults={"density": 0.02})
     parser.add_argument("--steps", type=integer(1), default=100, help="timed steps (default 100)")
-    parser.add_argument("--epsilon", type=number(0, 0.1), default=0.02,
-                        help="dlcp: share of low-class datagrams a step may miss (default 0.02)")
+    add_declared(parser, DLCP.option("epsilon"), help_prefix="dlcp: ")
     parser.add_argument("--no-bulk", action="store_true",
                         help="no competing bulk flow (default: one, in the lowest class)")
     parser.add_argument("--dlcp-variant", action="append", default=None, metavar="KEY=VALUE,...",

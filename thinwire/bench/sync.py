@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from thinwire import collectives, topk
+from thinwire import collectives
+from thinwire.bench import sync_settings
 from thinwire.bench.report import (add_collective_timeout, format_table,
                                    run_cluster_worker, save_if_asked)
 from thinwire.cliargs import add_algorithm_option, integer, number, options_by_algorithm
@@ -25,7 +26,7 @@ def run(spec, size: int = 25_600_000, bucket_mb: float = 25.0, density: float = 
         selector: str = "auto", algorithms=None, repeats: int = 5,
         timeout_s: float = 1800, collective_timeout_s: float = 300.0,
         algorithm_options: dict | None = None,
-        nonfinite: tuple = ("raise",)) -> dict:
+        nonfinite: tuple = ("raise",), wire: str = "none", sparse_wire: str = "fp32") -> dict:
     """``algorithm_options``: {algorithm: {name: value}}, each algorithm's declared settings
     (checked here, before the cluster is built; an algorithm not timed is refused).
     ``nonfinite``: the NaN/Inf policies to time (SyncState's), in turns within one run: "raise"
@@ -38,6 +39,11 @@ def run(spec, size: int = 25_600_000, bucket_mb: float = 25.0, density: float = 
         raise ValueError(f"nonfinite must list distinct policies of "
                          f"{', '.join(NONFINITE_POLICIES)}, got {nonfinite!r}")
     algorithms = list(algorithms or collectives.names())
+    from thinwire.train.settings import BY_NAME
+
+    sync = {"density": density, "selector": selector, "wire": wire, "sparse_wire": sparse_wire}
+    for name, value in sync.items():  # as `thinwire train` checks them, before the launch
+        BY_NAME[name].checked(value)
     algorithm_options = dict(algorithm_options or {})
     for name, given in algorithm_options.items():
         if name not in algorithms:
@@ -46,8 +52,8 @@ def run(spec, size: int = 25_600_000, bucket_mb: float = 25.0, density: float = 
         collectives.get(name).check_options(given)
     result = run_cluster_worker(
         spec, "thinwire.bench.sync_worker",
-        ["--size", str(size), "--bucket-mb", str(bucket_mb), "--density", str(density),
-         "--selector", selector, "--repeats", str(repeats), "--algorithms", *algorithms,
+        ["--size", str(size), "--bucket-mb", str(bucket_mb), "--sync", json.dumps(sync),
+         "--repeats", str(repeats), "--algorithms", *algorithms,
          "--algorithm-options", json.dumps(algorithm_options), "--nonfinite", *nonfinite],
         timeout_s,
         collective_timeout_s)
@@ -66,7 +72,7 @@ def run(spec, size: int = 25_600_000, bucket_mb: float = 25.0, density: float = 
                          "shaping": spec.shaping, "node_cpus": spec.node_cpus,
                          "node_memory": spec.node_memory, "link_classes": spec.link_classes,
                          "size": size, "bucket_mb": bucket_mb,
-                         "density": density, "selector": selector, "repeats": repeats,
+                         **sync, "repeats": repeats,
                          "algorithm_options": algorithm_options, "nonfinite": nonfinite}
     return result
 
@@ -74,6 +80,7 @@ def run(spec, size: int = 25_600_000, bucket_mb: float = 25.0, density: float = 
 def _main(args: argparse.Namespace) -> int:
     from thinwire.cluster import ClusterSpec
 
+    sync_settings.refuse_unused(args, args.algorithms)
     spec = ClusterSpec(nodes=args.nodes, ranks_per_node=args.ranks_per_node,
                        inter_node_bandwidth=args.inter_node_bandwidth,
                        intra_node_bandwidth=args.intra_node_bandwidth,
@@ -82,7 +89,8 @@ def _main(args: argparse.Namespace) -> int:
                  args.repeats,
                  algorithm_options=options_by_algorithm(args.algorithm_option or [],
                                                         args.algorithms),
-                 nonfinite=args.nonfinite, collective_timeout_s=args.collective_timeout)
+                 nonfinite=args.nonfinite, collective_timeout_s=args.collective_timeout,
+                 wire=args.wire, sparse_wire=args.sparse_wire)
     columns = COLUMNS + (("vs_skip",) if len(args.nonfinite) > 1 else ())
     print(format_table(result["rows"], columns))
     save_if_asked(args.json, result)
@@ -102,10 +110,7 @@ def register(bench_subparsers) -> None:
                         help="loopback only (no root needed): the logical topology, no slow links")
     parser.add_argument("--size", type=integer(1), default=25_600_000, help="gradient elements")
     parser.add_argument("--bucket-mb", type=number(0, 10240, low_open=True), default=25.0, help="gradient bucket size in MiB")
-    parser.add_argument("--density", type=number(0, 1, low_open=True), default=0.01,
-                        help="sparse algorithms: share of entries sent")
-    parser.add_argument("--selector", default="auto", choices=topk.METHODS,
-                        help=f"top-k selection method: {', '.join(topk.METHODS)}")
+    sync_settings.add(parser)
     parser.add_argument("--algorithms", nargs="+", choices=list(collectives.names()),
                         default=list(collectives.names()), help="algorithms to time")
     parser.add_argument("--repeats", type=integer(1), default=5,

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from thinwire.bench.report import (add_collective_timeout, end_worker, init_worker_group,
                                    write_json_atomic)
+from thinwire.bench.sync_settings import for_algorithm
 from thinwire.state import SyncState
 from thinwire.topology import Topology
 
@@ -43,8 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--size", type=int, required=True)
     parser.add_argument("--bucket-mb", type=float, required=True)
-    parser.add_argument("--density", type=float, required=True)
-    parser.add_argument("--selector", required=True)
+    parser.add_argument("--sync", type=json.loads, required=True,
+                        help="the sync settings, checked by `thinwire bench sync`")
     parser.add_argument("--algorithms", nargs="+", required=True)
     parser.add_argument("--repeats", type=int, required=True)
     parser.add_argument("--nonfinite", nargs="+", default=["raise"])
@@ -64,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     for algorithm in args.algorithms:
         # one state per policy, timed in turns (a policy's repeats never all fall in a slow
         # stretch of the machine): the ratio between policies comes from one run
-        states = {policy: SyncState(topology, algorithm, args.density, args.selector,
+        settings = for_algorithm(algorithm, args.sync)
+        states = {policy: SyncState(topology, algorithm, **settings,
                                     algorithm_options=args.algorithm_options.get(algorithm),
                                     nonfinite=policy) for policy in args.nonfinite}
         times: dict = {policy: [] for policy in states}

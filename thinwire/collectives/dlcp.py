@@ -9,7 +9,7 @@ replicas stay identical), and what missed its step goes back to the sender's err
 nothing is lost over time. Without loss the result equals ``topk_allgather`` bit for bit.
 
 Settings (``OPTIONS``; ``SyncState(algorithm_options=...)``, or
-``--algorithm-option dlcp:NAME=VALUE`` in `thinwire train`, `compare`, `bench sync` and
+``--algorithm-option dlcp:NAME=VALUE`` in `thinwire train`, `compare`, `bench sync`, `bench ddp-hook` and
 `simulate`):
 
 * ``epsilon`` (0.02, in [0, 0.1]): share of a payload's low-class datagrams a receiver may give

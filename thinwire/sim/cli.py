@@ -11,9 +11,11 @@ import argparse
 from pathlib import Path
 
 from thinwire.output import format_table, write_json_atomic
-from thinwire.cliargs import add_algorithm_option, integer, number, options_by_algorithm
+from thinwire.cliargs import (add_algorithm_option, add_declared, integer, number,
+                              options_by_algorithm, refuse_unused)
 from thinwire.collectives import sparse_wire_names
 from thinwire.compress import SPARSE_WIRES
+from thinwire.local_sgd.sparse_outer import NAME as SPARSELOCO
 from thinwire.output import check_output_path
 from thinwire.collectives import costs
 from thinwire.sim import compute
@@ -59,16 +61,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--scaling-nodes", type=_scaling_nodes,
                    default=",".join(map(str, SCALING_NODES)),
                    help="node counts of the scaling table (comma-separated)")
-    p.add_argument("--diloco-sync-every", type=integer(0, 1 << 20), default=0, metavar="H",
-                   help="also predict DiLoCo with an outer step every H inner steps, for each "
-                        "--outer-algorithm (0 = no DiLoCo rows)")
+    # DiLoCo's settings as `thinwire train` declares them (thinwire.train.settings)
+    from thinwire.train.settings import BY_NAME
+
+    add_declared(p, BY_NAME["sync_every"], flag="--diloco-sync-every", dest="diloco_sync_every",
+                 help_prefix="also predict DiLoCo rows, one per --outer-algorithm (0 = none): ")
     p.add_argument("--outer-algorithm", action="append", default=None,
                    help="DiLoCo's outer exchange (repeat for several; default hier_allreduce; "
+                        f"one of {', '.join(BY_NAME['outer_algorithm'].allowed_choices())}; "
                         "sparse ones use --density)")
-    p.add_argument("--diloco-fragments", type=integer(1, 1 << 20), default=1, metavar="F",
-                   help="Streaming DiLoCo: fragments exchanged at staggered steps")
-    p.add_argument("--diloco-overlap", action="store_true",
-                   help="Streaming DiLoCo: each exchange runs behind the next inner step")
+    add_declared(p, BY_NAME["fragments"], flag="--diloco-fragments", dest="diloco_fragments")
+    add_declared(p, BY_NAME["overlap"], flag="--diloco-overlap", dest="diloco_overlap")
+    for name in ("outer_chunk", "outer_bits"):
+        add_declared(p, BY_NAME[name], help_prefix="--outer-algorithm sparseloco: ")
     p.add_argument("--calibrate", nargs="+", metavar="RESULTS_JSON", default=None,
                    help="fit to `thinwire compare` results instead of simulating")
     p.add_argument("--calibrate-at", default=None, metavar="RATE",
@@ -123,6 +128,23 @@ def _sparse_wire_for(name: str, sparse_wire: str) -> str:
     return sparse_wire if name in sparse_wire_names() else "fp32"
 
 
+def _refuse_unused_outer(args, outer_names: list[str]) -> None:
+    """DiLoCo's settings without DiLoCo rows, and SparseLoCo's without a sparseloco outer
+    exchange, are refused by name (they would be ignored); an outer algorithm is checked as
+    `thinwire train` checks it."""
+    from thinwire.train.settings import BY_NAME
+
+    for name in outer_names:
+        BY_NAME["outer_algorithm"].checked(name)
+    diloco = bool(args.diloco_sync_every)
+    refuse_unused(args, [
+        ("--outer-algorithm", "outer_algorithm", None, diloco, "--diloco-sync-every H > 0"),
+        ("--diloco-fragments", "diloco_fragments", 1, diloco, "--diloco-sync-every H > 0"),
+        ("--diloco-overlap", "diloco_overlap", False, diloco, "--diloco-sync-every H > 0")]
+        + [(BY_NAME[n].cli_flag, n, BY_NAME[n].default, SPARSELOCO in outer_names,
+            "--outer-algorithm sparseloco") for n in ("outer_chunk", "outer_bits")])
+
+
 def run_simulate(args) -> dict:
     cluster = Cluster(args.nodes, args.gpus_per_node)
     net = network(args.network)
@@ -138,6 +160,7 @@ def run_simulate(args) -> dict:
         raise ValueError(f"--sparse-wire must be one of {', '.join(SPARSE_WIRES)}, got "
                          f"{args.sparse_wire!r}")
     outer_names = (args.outer_algorithm or ["hier_allreduce"]) if args.diloco_sync_every else []
+    _refuse_unused_outer(args, outer_names)
     own = options_by_algorithm(args.algorithm_option or [], names + list(outer_names))
     configs = [AlgorithmConfig(name, density=args.density, wire=wire,
                                sparse_wire=_sparse_wire_for(name, args.sparse_wire),
@@ -150,14 +173,16 @@ def run_simulate(args) -> dict:
     rows = scaling(layers, args.gpus_per_node, net, configs, rates,
                    _node_list(args.scaling_nodes), **options)
     if args.diloco_sync_every:  # DiLoCo rows beside the per-step algorithms'
-        from thinwire.sim.diloco import simulate_diloco
+        from thinwire.sim.diloco import SparseLoCoConfig, simulate_diloco
         schedule = {"sync_every": args.diloco_sync_every, "fragments": args.diloco_fragments,
                     "overlap": args.diloco_overlap, "bucket_bytes": options["bucket_bytes"],
                     "batch_size": batch}
         for name in outer_names:
-            outer = AlgorithmConfig(name, density=args.density, wire=wire,
-                                    sparse_wire=_sparse_wire_for(name, args.sparse_wire),
-                                    options=own.get(name))
+            outer = SparseLoCoConfig(args.density, args.outer_chunk, args.outer_bits or None) \
+                if name == SPARSELOCO else \
+                AlgorithmConfig(name, density=args.density, wire=wire,
+                                sparse_wire=_sparse_wire_for(name, args.sparse_wire),
+                                options=own.get(name))
             breakdown.append(simulate_diloco(layers, cluster, net, outer, rates, **schedule))
             rows += [simulate_diloco(layers, Cluster(m, args.gpus_per_node), net, outer, rates,
                                      **schedule) for m in _node_list(args.scaling_nodes)]

@@ -20,8 +20,13 @@ emulated cluster's shared CPUs neither is quite true, so the prediction is a low
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
+from thinwire.collectives import costs, traffic
+from thinwire.local_sgd import chunked
+from thinwire.local_sgd.sparse_outer import DEFAULTS as SPARSELOCO_DEFAULTS
+from thinwire.local_sgd.sparse_outer import NAME as SPARSELOCO
 from thinwire.sim.collectives import (GRAD_ELEMENT_SIZE, AlgorithmConfig, BucketCost, Cluster,
                                       SparseRates, bucket_cost)
 from thinwire.sim.compute import TimedLayer
@@ -54,20 +59,54 @@ def fragment_sizes(parameters: int, fragments: int) -> list[int]:
     return [base + (1 if f < extra else 0) for f in range(fragments)]
 
 
-def exchange_cost(outer: AlgorithmConfig, cluster: Cluster, net: Network, elements: int,
+@dataclass(frozen=True)
+class SparseLoCoConfig:
+    """The SparseLoCo outer exchange (``thinwire.local_sgd.sparse_outer``), which is not a
+    per-step algorithm of the registry: chunked top-k at ``density``, ``bits`` per value
+    (None: float32), ``chunk`` elements per chunk; the settings `thinwire train` declares as
+    --density, --outer-bits (0 = float32) and --outer-chunk."""
+
+    density: float = 0.01
+    chunk: int = SPARSELOCO_DEFAULTS["chunk"]
+    bits: int | None = SPARSELOCO_DEFAULTS["bits"]
+    name: str = SPARSELOCO
+
+    def __post_init__(self):
+        chunked.check(self.density, self.chunk, self.bits)
+
+
+def sparseloco_bucket_cost(outer: SparseLoCoConfig, cluster: Cluster, net: Network,
+                           elements: int, rates: SparseRates) -> BucketCost:
+    """What SparseOuterState.reduce does with one bucket: local rank j compresses shard j
+    (1/n of the bucket) and all-gathers its payload with the ranks holding shard j on the
+    other nodes; a dense all-gather inside the node reassembles the average."""
+    n, m = cluster.ranks_per_node, cluster.nodes
+    full = costs.padded_length(elements, n)
+    shard = full // n
+    payload = chunked.payload_bytes(shard, outer.density, outer.chunk, outer.bits)
+    total = costs.inter_phase(cluster, net, m - 1, traffic.inter_allgather, payload)
+    total += costs.intra_phase(cluster, net, traffic.intra_allgather, full, GRAD_ELEMENT_SIZE)
+    k = -(-shard // outer.chunk) * chunked.k_per_chunk(outer.density, outer.chunk)
+    total.select_s = costs.selection(rates, shard, (m - 1) * k)
+    return total
+
+
+def exchange_cost(outer, cluster: Cluster, net: Network, elements: int,
                   rates: SparseRates, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> BucketCost:
-    """One flat pseudo-gradient of ``elements`` through ``outer``, bucket after bucket."""
+    """One flat pseudo-gradient of ``elements`` through ``outer`` (an AlgorithmConfig or a
+    SparseLoCoConfig), bucket after bucket."""
     per_bucket = max(bucket_bytes // GRAD_ELEMENT_SIZE, 1)
+    cost = sparseloco_bucket_cost if isinstance(outer, SparseLoCoConfig) else bucket_cost
     total = BucketCost()
     left = elements
     while left > 0:
-        total += bucket_cost(outer, cluster, net, min(left, per_bucket), rates)
+        total += cost(outer, cluster, net, min(left, per_bucket), rates)
         left -= per_bucket
     return total
 
 
 def simulate_diloco(layers: Sequence[TimedLayer], cluster: Cluster, net: Network,
-                    outer: AlgorithmConfig, rates: SparseRates, *, sync_every: int,
+                    outer: AlgorithmConfig | SparseLoCoConfig, rates: SparseRates, *, sync_every: int,
                     fragments: int = 1, overlap: bool = False, delay: int | None = None,
                     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                     batch_size: int | None = None) -> dict:

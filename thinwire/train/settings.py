@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from thinwire import collectives
 from thinwire.compress import SPARSE_WIRES, WIRE_DTYPES
+from thinwire.local_sgd.chunked import MAX_CHUNK
 from thinwire.local_sgd.sparse_outer import NAME as SPARSELOCO
 from thinwire.options import Option
 from thinwire.train import grad_sync, models, modes
@@ -197,6 +198,7 @@ SETTINGS: tuple[Setting, ...] = (
     S("overlap", bool, False, "a fragment's exchange overlaps the next inner step",
       applies=_local_sgd, applies_to="--algorithm diloco or torchft-diloco", concern="diloco"),
     S("outer_chunk", int, 4096, "elements per top-k chunk (--density within each)", low=1,
+      high=MAX_CHUNK,
       applies=_sparseloco, applies_to="--outer-algorithm sparseloco", concern="diloco"),
     S("outer_bits", int, 2, "bits per sent value, 2, 4 or 8 (0 = float32)", low=0, high=8,
       applies=_sparseloco, applies_to="--outer-algorithm sparseloco", concern="diloco"),
