@@ -16,10 +16,9 @@ import time
 from contextlib import contextmanager
 
 import torch
-import torch.distributed as dist
 
 from thinwire import collectives
-from thinwire.collectives.primitives import dense_allreduce
+from thinwire.collectives.primitives import all_reduce_sum, dense_allreduce
 from thinwire.collectives.registry import DEFAULT_DENSE_BELOW_BYTES
 from thinwire.collectives.traffic import Traffic
 from thinwire.compress import TopK, sparse_wire_dtype, wire_dtype
@@ -252,7 +251,7 @@ class SyncState:
             flags[topo.rank] = first_bad.to(device)
         if topo.world_size > 1:
             with self.timer("inter" if topo.nodes > 1 else "intra"):
-                dist.all_reduce(flags, group=topo.world)
+                all_reduce_sum(flags, topo.world)
         bad = {rank: flag - 1 for rank, flag in enumerate(flags.tolist()) if flag}
         if not bad:
             return
@@ -279,7 +278,7 @@ class SyncState:
         flags[topo.rank] = 0.0 if _all_finite(flat) else 1.0
         if topo.world_size > 1:
             with self.timer("inter" if topo.nodes > 1 else "intra"):
-                dist.all_reduce(flags, group=topo.world)
+                all_reduce_sum(flags, topo.world)
         if not any(flags.tolist()):
             return False
         self._current["nonfinite"] = 1.0

@@ -4,10 +4,10 @@ nodes, all-gather inside the node. Only 1/n of the bucket crosses the slow links
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from thinwire.collectives import costs, traffic
-from thinwire.collectives.primitives import all_gather_single, padded, reduce_scatter
+from thinwire.collectives.primitives import (all_gather_single, all_reduce_sum, padded,
+                                              reduce_scatter)
 from thinwire.collectives.registry import Algorithm, register
 from thinwire.compress import to_wire
 
@@ -20,7 +20,7 @@ def reduce(state, bucket_index: int, flat: torch.Tensor) -> torch.Tensor:
     with state.timer("intra", members=n):
         reduce_scatter(shard, full, topo.intra, n)
     with state.timer("inter", members=topo.nodes):
-        dist.all_reduce(shard, group=topo.inter)
+        all_reduce_sum(shard, topo.inter)
     with state.timer("intra", members=n):
         all_gather_single(full, shard, group=topo.intra)
     size = full.element_size()

@@ -18,6 +18,28 @@ reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or \
     dist.reduce_scatter_tensor
 
 
+def all_reduce_sum(tensor: torch.Tensor, group) -> None:
+    """``tensor`` = the sum of every member's, in place. ``group`` is a process group, or one
+    of the composed groups of a fault-tolerant run (thinwire.ft.groups: the cross-node group
+    torchft re-forms at every quorum, and a world built from it and the node's group), which
+    do the collective themselves."""
+    own = getattr(group, "all_reduce_sum", None)
+    if own is not None:
+        own(tensor)
+    else:
+        dist.all_reduce(tensor, group=group)
+
+
+def all_gather_into(out: torch.Tensor, tensor: torch.Tensor, group) -> None:
+    """``out`` = every member's ``tensor``, one after the other in member order (as
+    ``all_gather_single``); ``group`` as in :func:`all_reduce_sum`."""
+    own = getattr(group, "all_gather_into", None)
+    if own is not None:
+        own(out, tensor)
+    else:
+        all_gather_single(out, tensor, group=group)
+
+
 def padded(flat: torch.Tensor, parts: int) -> torch.Tensor:
     """A copy of ``flat`` zero-padded to a multiple of ``parts`` (shards must be equal)."""
     pad = (-flat.numel()) % parts
@@ -53,7 +75,7 @@ def dense_allreduce(state, flat: torch.Tensor) -> torch.Tensor:
     if payload is flat:
         payload = payload.clone()
     with state.timer("inter" if topo.nodes > 1 else "intra"):
-        dist.all_reduce(payload, group=topo.world)
+        all_reduce_sum(payload, topo.world)
     state.record(traffic.world_allreduce(topo, payload.numel(), payload.element_size()))
     return payload.to(flat.dtype)
 
@@ -121,7 +143,7 @@ def select_and_allgather(state, bucket_index: int, corrected: torch.Tensor, grou
     gathered = torch.empty(group_size * payload.numel(), dtype=torch.uint8,
                            device=payload.device)
     with state.timer(phase, members=group_size):
-        all_gather_single(gathered, payload, group=group)
+        all_gather_into(gathered, payload, group)
     return gathered, values.numel(), values.dtype, payload.numel()
 
 

@@ -1,0 +1,128 @@
+"""One rank of a fault-tolerant per-step run (thinwire.ft.per_step), as a process of its own:
+each node is its own torchrun-like world (a gloo group of its ranks on its own port), the
+nodes meet only through torchft's Lighthouse. Run by tests/distributed/test_ft_per_step.py.
+
+``--die-at STEP``: every rank of this node exits (status 17) when its first cross-node
+all-gather of that step starts: a node lost in the inter-node phase, mid-step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import thinwire
+from thinwire.ft import per_step
+from thinwire.ft.groups import ReplicaGroup
+
+DIE_STATUS = 17
+
+
+def _batch(step: int, rank: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch fixed by (step, rank): a retried step sees the same data."""
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(16, width, generator=g, dtype=torch.float64)
+    return x, (x.sum(dim=1, keepdim=True) > 0).to(torch.float64)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--node", type=int, required=True)
+    p.add_argument("--local-rank", type=int, required=True)
+    p.add_argument("--ranks-per-node", type=int, required=True)
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--node-port", type=int, required=True)
+    p.add_argument("--lighthouse", required=True)
+    p.add_argument("--job-store-port", type=int, required=True)
+    p.add_argument("--algorithm", required=True)
+    p.add_argument("--steps", type=int, required=True, help="stop at this committed step "
+                   "once every node is back in the quorum")
+    p.add_argument("--max-steps", type=int, default=5000)
+    p.add_argument("--die-at", type=int, default=-1)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    n, local = args.ranks_per_node, args.local_rank
+    timeout = timedelta(seconds=20)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.node_port}",
+                            rank=local, world_size=n, timeout=timeout)
+    node_group = dist.new_group(list(range(n)), timeout=timeout)
+    # torchft's store for this node (the quorum's groups are configured through it)
+    if local == 0:
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        port = torch.tensor([store.port])
+    else:
+        port = torch.tensor([0])
+    dist.broadcast(port, 0, group=node_group)
+
+    # every node from the same seed, as `thinwire train` starts them: torchft heals local rank
+    # j from local rank j of a live node, and the source node may differ from one j to another
+    torch.manual_seed(0)
+    width = 12
+    model = torch.nn.Sequential(torch.nn.Linear(width, 16), torch.nn.Tanh(),
+                                torch.nn.Linear(16, 1)).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    holder = {}
+    manager, pg = per_step.build_manager(
+        lighthouse=args.lighthouse, node=args.node, local_rank=local, ranks_per_node=n,
+        store_addr="127.0.0.1", store_port=int(port), hostname="127.0.0.1", timeout=timeout,
+        user_state=lambda: holder["ft"].user_state(),
+        load_user_state=lambda s: holder["ft"].load_user_state(s))
+    topo = per_step.topology(manager, pg, node_group, n, local, timeout)
+    if local == 0:
+        job = dist.TCPStore("127.0.0.1", args.job_store_port, is_master=False, timeout=timeout)
+        per_step.wait_for_nodes(job, args.nodes, timeout)
+    dist.barrier(group=node_group)
+    if args.die_at >= 0:
+        inter = topo.inter
+        original = ReplicaGroup.all_gather_into
+
+        def dying(out, tensor):
+            if manager.current_step() == args.die_at:
+                os._exit(DIE_STATUS)
+            original(inter, out, tensor)
+        inter.all_gather_into = dying
+    state = thinwire.SyncState(topo, args.algorithm, density=0.25, dense_below_bytes=0)
+    ft = holder["ft"] = per_step.FaultTolerantStep(manager, topo, state, model, optimizer)
+    params = list(model.parameters())
+    committed = attempts = 0
+    started = time.monotonic()
+    try:
+        while attempts < args.max_steps:
+            attempts += 1
+            ft.begin()
+            step = manager.current_step()
+            x, y = _batch(step, topo.rank, width)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            thinwire.synchronize(params, state)
+            committed += ft.commit()
+            if manager.current_step() >= args.steps and ft.nodes == args.nodes:
+                break
+        result = {
+            "node": args.node, "local_rank": local, "step": manager.current_step(),
+            "committed": committed, "attempts": attempts, "rolled_back": ft.rolled_back,
+            "quorums": ft.quorums, "seconds": time.monotonic() - started,
+            "params": [p.detach().flatten().tolist() for p in params],
+            "momentum": [optimizer.state[p]["momentum_buffer"].flatten().tolist()
+                         for p in params if "momentum_buffer" in optimizer.state[p]],
+            "sync_steps": state.steps,
+            "residual_mass": float(sum(r.abs().sum() for r in
+                                       state.feedback.residuals.values()))
+            if state.feedback.residuals else 0.0}
+        with open(args.out + ".tmp", "w") as f:
+            json.dump(result, f)
+        os.replace(args.out + ".tmp", args.out)
+    finally:
+        manager.shutdown(wait=False)
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

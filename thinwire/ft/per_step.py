@@ -1,0 +1,194 @@
+"""Fault-tolerant per-step training: thinwire's algorithms go on through a node vanishing and
+coming back, without a restart, on torchft's quorum.
+
+A node is a torchft replica group (``replica_id`` ``nodeK``; its ranks are the group's ranks).
+Every step:
+
+1. :meth:`FaultTolerantStep.begin`: ``Manager.start_quorum()`` (synchronous) agrees with the
+   Lighthouse which nodes take part and re-forms the cross-node groups among them; a node
+   behind the others (one that came back) first heals from a live peer: model, optimizer and
+   thinwire's ``SyncState`` (:meth:`SyncState.healing_state_dict`: its residuals stay empty,
+   a returning node has sent nothing it kept back), as JSON and raw tensors
+   (``thinwire.ft.state_transfer.DataOnlyTransport``: nothing is unpickled). The topology
+   then counts the nodes of this quorum, so averages divide by the ranks that contributed.
+   The ``SyncState`` is snapshotted.
+2. forward, backward and the gradient synchronisation, as in any run: the algorithms' cross-node
+   collectives run on :class:`thinwire.ft.groups.ReplicaGroup` (a failure is reported to the
+   Manager and the step's remaining cross-node traffic is skipped).
+3. :meth:`FaultTolerantStep.commit`: ``Manager.should_commit()``; where every rank of the node
+   finished without a failure the optimizer steps; else the ``SyncState`` rolls back to the
+   snapshot (the mass that step selected is neither lost nor sent twice) and the step is
+   retried by the next quorum.
+
+What a node that vanishes held in its error-feedback residual leaves with it: its mass was
+never applied by anyone. The effective batch follows the node count (each step averages over
+the ranks present; the learning rate is not rescaled). Supported: the algorithms whose
+collectives are the node's group, the cross-node group and the world composed from both
+(:data:`ALGORITHMS`); the ones built on a world all-to-all are refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+import torch
+
+from thinwire.ft.groups import HierarchicalWorld, ReplicaGroup
+from thinwire.topology import Topology
+
+log = logging.getLogger(__name__)
+
+ALGORITHMS = ("allreduce", "hier_allreduce", "topk_allgather", "hitopk")
+
+
+def check_algorithm(algorithm: str) -> None:
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"fault-tolerant training runs {', '.join(ALGORITHMS)} (their "
+                         f"collectives re-form with the quorum), got algorithm {algorithm!r}")
+
+
+def materialize_optimizer_state(optimizer) -> None:
+    """Give every parameter the optimizer state its first step would create, with the values
+    that step would start from, so that a fresh replica's state has the form of a live peer's
+    (the data-only transport heals only into the form a replica already has). Exactly the
+    lazy initialisation of SGD (momentum buffers: zeros, with no dampening the first step
+    then gives the gradient, as the lazy clone does), Adam / AdamW (step 0, zero moments)
+    and thinwire's LARS / LAMB; another optimizer is refused by name."""
+    from thinwire.optim import LAMB, LARS
+
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if state:
+                continue
+            zeros = lambda: torch.zeros_like(p, memory_format=torch.preserve_format)  # noqa: E731
+            if isinstance(optimizer, (torch.optim.SGD, LARS)):
+                if not group["momentum"]:
+                    continue  # no state at all
+                if group.get("dampening", 0):
+                    raise ValueError("fault-tolerant training: SGD with dampening has no "
+                                     "zero-state equivalent of its first step; use "
+                                     f"dampening=0, got {group['dampening']}")
+                state["momentum_buffer"] = zeros()
+            elif isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+                on_device = group.get("capturable") or group.get("fused")
+                state["step"] = torch.zeros((), dtype=torch.float32,
+                                            device=p.device if on_device else "cpu")
+                state["exp_avg"], state["exp_avg_sq"] = zeros(), zeros()
+                if group.get("amsgrad"):
+                    state["max_exp_avg_sq"] = zeros()
+            elif isinstance(optimizer, LAMB):
+                state["step"], state["exp_avg"], state["exp_avg_sq"] = 0, zeros(), zeros()
+            else:
+                raise ValueError(f"fault-tolerant training heals SGD, Adam, AdamW, LARS and "
+                                 f"LAMB state, got {type(optimizer).__name__}")
+
+
+def wait_for_nodes(store, nodes: int, timeout: timedelta, key: str = "thinwire/ft/started"
+                   ) -> None:
+    """Called once by local rank 0 of every node after its Manager exists: the first quorum
+    waits until every node of the job heartbeats (else the first node to ask trains alone
+    and the others join it by healing). A node that comes back later passes at once."""
+    count = store.add(key, 1)
+    limit = time.monotonic() + timeout.total_seconds()
+    while count < nodes:
+        if time.monotonic() > limit:
+            raise TimeoutError(f"only {count} of {nodes} nodes started within "
+                               f"{timeout.total_seconds():g} s")
+        time.sleep(0.05)
+        count = store.add(key, 0)
+
+
+def build_manager(*, lighthouse: str, node: int, local_rank: int, ranks_per_node: int,
+                  store_addr: str, store_port: int, hostname: str, timeout: timedelta,
+                  user_state, load_user_state, min_nodes: int = 1):
+    """(torchft Manager, its cross-node process group) for one rank of node ``node``: a
+    synchronous quorum, healing through the data-only transport, ``init_sync`` so that every
+    node starts from the first one's weights."""
+    from torchft import Manager, ProcessGroupGloo
+
+    from thinwire.ft.state_transfer import DataOnlyTransport
+
+    pg = ProcessGroupGloo(timeout=timeout)
+    built = {}
+    # the transport measures a peer's header against this replica's own state (the Manager's
+    # full state dict: torchft's private _manager_state_dict is the one call that returns it)
+    transport = DataOnlyTransport(pg, timeout,
+                                  own_state=lambda: built["manager"]._manager_state_dict())
+    manager = built["manager"] = Manager(
+        pg=pg, checkpoint_transport=transport, load_state_dict=load_user_state,
+        state_dict=user_state, min_replica_size=min_nodes, use_async_quorum=False,
+        replica_id=f"node{node}", store_addr=store_addr, store_port=store_port,
+        rank=local_rank, world_size=ranks_per_node, lighthouse_addr=lighthouse,
+        hostname=hostname, timeout=timeout, quorum_timeout=timeout, init_sync=True)
+    return manager, pg
+
+
+def topology(manager, pg, node_group, ranks_per_node: int, local_rank: int,
+             timeout: timedelta | None = None) -> Topology:
+    """The topology a fault-tolerant rank's SyncState uses; its node count and rank are set
+    by each quorum (:meth:`FaultTolerantStep.begin`)."""
+    inter = ReplicaGroup(manager, pg)
+    return Topology(world_size=ranks_per_node, rank=local_rank, ranks_per_node=ranks_per_node,
+                    world=HierarchicalWorld(node_group, inter, ranks_per_node),
+                    intra=node_group, inter=inter, timeout=timeout)
+
+
+class FaultTolerantStep:
+    """The per-step protocol around one rank's training step (see the module's docstring).
+
+    ``quorums``: (manager step, nodes) each time the node count changed, for the run's log."""
+
+    def __init__(self, manager, topology: Topology, state, model, optimizer):
+        check_algorithm(state.algorithm)
+        self.manager, self.topology, self.state = manager, topology, state
+        self.model, self.optimizer = model, optimizer
+        self.local_rank = topology.local_rank
+        materialize_optimizer_state(optimizer)
+        self._snapshot = None
+        self.quorums: list[tuple[int, int]] = []
+        self.rolled_back = 0
+
+    # what a joining node takes from a live peer (the Manager's user state)
+    def user_state(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "sync": self.state.healing_state_dict()}
+
+    def load_user_state(self, saved: dict) -> None:
+        self.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.state.load_state_dict(saved["sync"])
+
+    @property
+    def nodes(self) -> int:
+        return self.topology.nodes
+
+    def begin(self) -> None:
+        self.manager.start_quorum()
+        replica, count = self.manager.participating_rank(), self.manager.num_participants()
+        if replica is None or count < 1:
+            raise RuntimeError(f"node is not in the quorum (rank {replica}, {count} nodes): "
+                               "a synchronous quorum always includes the nodes that join it")
+        n = self.topology.ranks_per_node
+        self.topology.world_size, self.topology.rank = count * n, replica * n + self.local_rank
+        if not self.quorums or self.quorums[-1][1] != count:
+            self.quorums.append((self.manager.current_step(), count))
+            log.info("step %d: %d node(s) in the quorum", self.manager.current_step(), count)
+        self._snapshot = self.state.snapshot()
+
+    def commit(self) -> bool:
+        """Step the optimizer where the quorum commits; else undo the step's sync state.
+        Returns whether it committed. The gradients are cleared either way."""
+        if self._snapshot is None:
+            raise RuntimeError("commit() without begin()")
+        committed = self.manager.should_commit()
+        if committed:
+            self.optimizer.step()
+        else:
+            self.state.rollback(self._snapshot)
+            self.rolled_back += 1
+        self._snapshot = None
+        self.optimizer.zero_grad(set_to_none=False)
+        return committed
