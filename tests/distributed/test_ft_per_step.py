@@ -1,97 +1,48 @@
-"""Fault-tolerant per-step training (thinwire.ft.per_step) through a node lost mid-step and
-brought back: 2 nodes x 2 ranks, each node its own process group, the nodes joined only by
-torchft's Lighthouse (here in the test's process). Node 1 vanishes in the inter-node phase of
-step 8 (every rank of it exits); node 0 goes on alone without a restart; node 1 starts again,
-heals from node 0 and both finish at the same step.
+"""Fault-tolerant per-step training (thinwire.ft.per_step) through nodes lost and brought
+back, each node its own process group, the nodes joined only by torchft's Lighthouse (here in
+the test's process):
+
+* 2 x 2, hitopk: node 1 vanishes in the inter-node phase of step 8 (every rank of it exits);
+  node 0 goes on alone without a restart; node 1 starts again, heals and both finish together;
+* 3 x 1, allreduce: two nodes vanish in the same step;
+* 2 x 2, topk_allgather: node 1 vanishes again while it heals (its donor is sending).
 
 The reference is the run itself: every committed step applies the same average on every rank
 present, and a returning node takes a live peer's model, optimizer and SyncState, so at the end
-all four ranks hold bit-identical weights and momentum (float64)."""
+every rank holds bit-identical weights and momentum (float64). No rank may hang: a deadline
+ends the test with every log's tail.
+"""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torchft")
 
-from torch.distributed import TCPStore  # noqa: E402
-from torchft.coordination import LighthouseServer  # noqa: E402
+from thinwire.bench.ft_per_step import DIED, Job, identical  # noqa: E402
 
-from thinwire.ports import free_port  # noqa: E402
-
-WORKER = Path(__file__).with_name("ft_per_step_workers.py")
 NODES, PER_NODE, STEPS, DIE_AT = 2, 2, 24, 8
-DEADLINE_S = 150
 
 
-def _start_node(node: int, lighthouse: str, job_port: int, algorithm: str, out: Path,
-                die_at: int = -1):
-    port = free_port()
-    logs = [open(out / f"node{node}-rank{local}-{'dies' if die_at >= 0 else 'runs'}.log", "w")
-            for local in range(PER_NODE)]
-    return [subprocess.Popen(
-        [sys.executable, str(WORKER), "--node", str(node), "--local-rank", str(local),
-         "--ranks-per-node", str(PER_NODE), "--nodes", str(NODES), "--node-port", str(port),
-         "--lighthouse", lighthouse, "--job-store-port", str(job_port), "--algorithm", algorithm, "--steps", str(STEPS),
-         "--die-at", str(die_at), "--out", str(out / f"node{node}-rank{local}.json")],
-        stdout=logs[local], stderr=subprocess.STDOUT, text=True)
-        for local in range(PER_NODE)]
+def _job(tmp_path, algorithm, nodes=NODES, per_node=PER_NODE) -> Job:
+    return Job(tmp_path, algorithm, nodes, per_node, STEPS)
 
 
-def _tails(procs) -> str:
-    return "\n".join(f"== {p.stdout.name}\n" + Path(p.stdout.name).read_text()[-3000:]
-                     for p in procs)
+def _all_identical(results: list[dict]) -> None:
+    """Every rank at the same step with bit-identical weights, momentum and SyncState steps."""
+    assert results[0]["step"] >= STEPS
+    assert identical(results), [(r["node"], r["local_rank"], r["step"]) for r in results]
 
 
-def _wait(procs, deadline: float) -> list[int]:
-    codes = []
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail(f"a rank hung past the deadline:\n{_tails(procs)}")
-        codes.append(proc.returncode)
-    return codes
-
-
-@pytest.mark.parametrize("algorithm", ["hitopk", "topk_allgather"])
-def test_a_node_lost_mid_step_and_back_trains_on_to_identical_weights(tmp_path, algorithm):
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000,
-                                  heartbeat_timeout_ms=1000)
-    address = "http://127.0.0.1:" + lighthouse.address().rsplit(":", 1)[1]
-    job = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # start barrier
-    deadline = time.monotonic() + DEADLINE_S
-    survivors = dying = returning = []
-    try:
-        survivors = _start_node(0, address, job.port, algorithm, tmp_path)
-        dying = _start_node(1, address, job.port, algorithm, tmp_path, die_at=DIE_AT)
-        codes = _wait(dying, deadline)
-        assert codes == [17] * PER_NODE, _tails(dying + survivors)
-        returning = _start_node(1, address, job.port, algorithm, tmp_path)
-        codes = _wait(survivors + returning, deadline)
-        assert codes == [0] * (2 * PER_NODE), _tails(survivors + returning)
-    finally:
-        for proc in survivors + dying + returning:
-            if proc.poll() is None:
-                proc.kill()
-        lighthouse.shutdown()
-
-    results = [json.loads((tmp_path / f"node{n}-rank{r}.json").read_text())
-               for n in range(NODES) for r in range(PER_NODE)]
-    first = results[0]
-    for result in results:
-        assert result["step"] == first["step"] >= STEPS
-        assert result["params"] == first["params"]  # bit-identical, float64
-        assert result["momentum"] == first["momentum"]
-        assert result["sync_steps"] == first["sync_steps"]
+def test_a_node_lost_mid_step_and_back_trains_on_to_identical_weights(tmp_path):
+    with _job(tmp_path, "hitopk") as job:
+        survivors = job.start(0)
+        job.wait(job.start(1, die_at=DIE_AT), DIED)
+        returning = job.start(1)
+        job.wait(survivors + returning, 0)
+        results = job.results()
+    _all_identical(results)
     for survivor in results[:PER_NODE]:
         counts = [nodes for _, nodes in survivor["quorums"]]
         assert counts[:3] == [2, 1, 2], survivor["quorums"]  # lost node 1, then had it back
@@ -100,3 +51,36 @@ def test_a_node_lost_mid_step_and_back_trains_on_to_identical_weights(tmp_path, 
         # it joined at the survivors' step (healed), not at 0, and trained to the end with them
         assert returned["quorums"][0][0] > DIE_AT and returned["quorums"][0][1] == 2
         assert returned["committed"] < STEPS
+
+
+def test_two_nodes_lost_at_once_and_back(tmp_path):
+    """3 nodes x 1 rank, the dense all-reduce (the world composed of the node's group and the
+    cross-node one): nodes 1 and 2 vanish in the same step; node 0 goes on alone."""
+    with _job(tmp_path, "allreduce", nodes=3, per_node=1) as job:
+        survivor = job.start(0)
+        dying = job.start(1, die_at=DIE_AT) + job.start(2, die_at=DIE_AT)
+        job.wait(dying, DIED)
+        returning = job.start(1) + job.start(2)
+        job.wait(survivor + returning, 0)
+        results = job.results()
+    _all_identical(results)
+    counts = [nodes for _, nodes in results[0]["quorums"]]
+    assert counts[0] == 3 and counts[1] == 1 and counts[-1] == 3, results[0]["quorums"]
+    assert results[0]["rolled_back"] >= 1
+
+
+def test_a_node_lost_while_it_heals_leaves_its_donor_training(tmp_path):
+    """topk_allgather (the flat all-gather over the composed world): node 1 vanishes mid-step,
+    comes back, vanishes again while node 0 sends it the state, and comes back for good."""
+    with _job(tmp_path, "topk_allgather") as job:
+        survivors = job.start(0)
+        job.wait(job.start(1, die_at=DIE_AT), DIED)
+        job.wait(job.start(1, die_healing=True), DIED)
+        returning = job.start(1)
+        job.wait(survivors + returning, 0)
+        results = job.results()
+    _all_identical(results)
+    counts = [nodes for _, nodes in results[0]["quorums"]]
+    # lost mid-step, back, lost while healing (its donor's step rolled back), back for good
+    assert counts[:5] == [2, 1, 2, 1, 2], results[0]["quorums"]
+    assert results[0]["rolled_back"] >= 2

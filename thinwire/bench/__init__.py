@@ -19,6 +19,7 @@ BENCH_MODULES = [
     "thinwire.bench.optim",
     "thinwire.bench.sync",
     "thinwire.bench.ddp_hook",
+    "thinwire.bench.ft_per_step",
     "thinwire.bench.cache",
     "thinwire.bench.des",
     "thinwire.bench.cpr",

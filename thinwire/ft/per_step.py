@@ -55,14 +55,15 @@ def materialize_optimizer_state(optimizer) -> None:
     (the data-only transport heals only into the form a replica already has). Exactly the
     lazy initialisation of SGD (momentum buffers: zeros, with no dampening the first step
     then gives the gradient, as the lazy clone does), Adam / AdamW (step 0, zero moments)
-    and thinwire's LARS / LAMB; another optimizer is refused by name."""
+    and thinwire's LARS / LAMB. Another optimizer whose state is still empty is refused by
+    name (one that builds its state in its constructor, as Adagrad, has its form already)."""
     from thinwire.optim import LAMB, LARS
 
     for group in optimizer.param_groups:
         for p in group["params"]:
-            state = optimizer.state[p]
-            if state:
+            if optimizer.state.get(p):  # .get: the state is a defaultdict
                 continue
+            state = {}
             zeros = lambda: torch.zeros_like(p, memory_format=torch.preserve_format)  # noqa: E731
             if isinstance(optimizer, (torch.optim.SGD, LARS)):
                 if not group["momentum"]:
@@ -84,6 +85,7 @@ def materialize_optimizer_state(optimizer) -> None:
             else:
                 raise ValueError(f"fault-tolerant training heals SGD, Adam, AdamW, LARS and "
                                  f"LAMB state, got {type(optimizer).__name__}")
+            optimizer.state[p] = state
 
 
 def wait_for_nodes(store, nodes: int, timeout: timedelta, key: str = "thinwire/ft/started"

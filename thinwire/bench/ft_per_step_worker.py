@@ -1,26 +1,34 @@
 """One rank of a fault-tolerant per-step run (thinwire.ft.per_step), as a process of its own:
 each node is its own torchrun-like world (a gloo group of its ranks on its own port), the
-nodes meet only through torchft's Lighthouse. Run by tests/distributed/test_ft_per_step.py.
+nodes meet only through torchft's Lighthouse. Started by thinwire.bench.ft_per_step (the
+benchmark and tests/distributed/test_ft_per_step.py). It trains a small float64 MLP on
+batches fixed by (step, rank), so a retried step sees the same data, and writes its final
+weights, momentum, quorums and the wall-clock time of each event as JSON.
 
 ``--die-at STEP``: every rank of this node exits (status 17) when its first cross-node
-all-gather of that step starts: a node lost in the inter-node phase, mid-step.
+collective of that step starts: a node lost in the inter-node phase, mid-step.
+``--die-healing``: every rank of this node exits when it starts to receive a live peer's
+state: a node lost while it heals (its donor is sending).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
 import time
-from datetime import timedelta
 
-import torch
-import torch.distributed as dist
+STARTED_AT = time.time()  # before the imports: "its processes starting" in issue #32's terms
 
-import thinwire
-from thinwire.ft import per_step
-from thinwire.ft.groups import ReplicaGroup
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from datetime import timedelta  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import thinwire  # noqa: E402
+from thinwire.ft import per_step  # noqa: E402
+from thinwire.ft.groups import ReplicaGroup  # noqa: E402
 
 DIE_STATUS = 17
 
@@ -46,6 +54,7 @@ def main() -> int:
                    "once every node is back in the quorum")
     p.add_argument("--max-steps", type=int, default=5000)
     p.add_argument("--die-at", type=int, default=-1)
+    p.add_argument("--die-healing", action="store_true")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     n, local = args.ranks_per_node, args.local_rank
@@ -69,6 +78,12 @@ def main() -> int:
                                 torch.nn.Linear(16, 1)).double()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     holder = {}
+    if args.die_healing:
+        from thinwire.ft.state_transfer import DataOnlyTransport
+
+        def dying_recv(self, src_rank, metadata, step, timeout):
+            os._exit(DIE_STATUS)
+        DataOnlyTransport.recv_checkpoint = dying_recv
     manager, pg = per_step.build_manager(
         lighthouse=args.lighthouse, node=args.node, local_rank=local, ranks_per_node=n,
         store_addr="127.0.0.1", store_port=int(port), hostname="127.0.0.1", timeout=timeout,
@@ -79,35 +94,42 @@ def main() -> int:
         job = dist.TCPStore("127.0.0.1", args.job_store_port, is_master=False, timeout=timeout)
         per_step.wait_for_nodes(job, args.nodes, timeout)
     dist.barrier(group=node_group)
-    if args.die_at >= 0:
+    if args.die_at >= 0:  # vanish at this step's first cross-node collective
         inter = topo.inter
-        original = ReplicaGroup.all_gather_into
-
-        def dying(out, tensor):
-            if manager.current_step() == args.die_at:
-                os._exit(DIE_STATUS)
-            original(inter, out, tensor)
-        inter.all_gather_into = dying
+        for name in ("all_gather_into", "all_reduce_sum"):
+            def dying(*tensors, original=getattr(ReplicaGroup, name)):
+                if manager.current_step() == args.die_at:
+                    os._exit(DIE_STATUS)
+                original(inter, *tensors)
+            setattr(inter, name, dying)
     state = thinwire.SyncState(topo, args.algorithm, density=0.25, dense_below_bytes=0)
     ft = holder["ft"] = per_step.FaultTolerantStep(manager, topo, state, model, optimizer)
     params = list(model.parameters())
     committed = attempts = 0
-    started = time.monotonic()
+    events = []  # (wall time, manager step, nodes, committed)
+    in_quorum_at = None
     try:
         while attempts < args.max_steps:
             attempts += 1
             ft.begin()
+            if in_quorum_at is None:
+                in_quorum_at = time.time()
             step = manager.current_step()
             x, y = _batch(step, topo.rank, width)
             torch.nn.functional.mse_loss(model(x), y).backward()
             thinwire.synchronize(params, state)
-            committed += ft.commit()
-            if manager.current_step() >= args.steps and ft.nodes == args.nodes:
+            done = ft.commit()
+            committed += done
+            events.append((time.time(), step, ft.nodes, done))
+            # a committed step with every node in the quorum, past the goal: every node of
+            # that quorum sees the same and stops after the same step
+            if done and manager.current_step() >= args.steps and ft.nodes == args.nodes:
                 break
         result = {
             "node": args.node, "local_rank": local, "step": manager.current_step(),
             "committed": committed, "attempts": attempts, "rolled_back": ft.rolled_back,
-            "quorums": ft.quorums, "seconds": time.monotonic() - started,
+            "quorums": ft.quorums, "started_at": STARTED_AT, "in_quorum_at": in_quorum_at,
+            "events": events,
             "params": [p.detach().flatten().tolist() for p in params],
             "momentum": [optimizer.state[p]["momentum_buffer"].flatten().tolist()
                          for p in params if "momentum_buffer" in optimizer.state[p]],

@@ -1,0 +1,87 @@
+"""The pieces of thinwire.ft.per_step that need no second process: the optimizer state a fresh
+replica is given (it must change nothing: the first step from it equals the first step from
+the optimizer's own lazy start), the start barrier, and the algorithms it refuses."""
+
+from __future__ import annotations
+
+import copy
+from datetime import timedelta
+
+import pytest
+import torch
+
+from thinwire.ft import per_step
+from thinwire.optim import LAMB, LARS
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+
+
+def _steps(model, optimizer, count=3):
+    for step in range(count):
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(8, 6, generator=g)
+        optimizer.zero_grad()
+        model(x).square().mean().backward()
+        optimizer.step()
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-2),
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
+    lambda p: torch.optim.SGD(p, lr=0.1),
+    lambda p: torch.optim.Adam(p, lr=1e-2),
+    lambda p: torch.optim.AdamW(p, lr=1e-2, amsgrad=True),
+    lambda p: LARS(p, lr=0.1, momentum=0.9),
+    lambda p: LAMB(p, lr=1e-2),
+], ids=["sgd-wd", "sgd-nesterov", "sgd-plain", "adam", "adamw-amsgrad", "lars", "lamb"])
+def test_a_materialized_state_trains_exactly_as_the_lazy_one(make):
+    lazy, eager = _model(), _model()
+    lazy_opt, eager_opt = make(lazy.parameters()), make(eager.parameters())
+    per_step.materialize_optimizer_state(eager_opt)
+    before = copy.deepcopy(eager_opt.state_dict())
+    per_step.materialize_optimizer_state(eager_opt)  # a second call changes nothing
+    assert str(before) == str(eager_opt.state_dict())
+    _steps(lazy, lazy_opt)
+    _steps(eager, eager_opt)
+    for a, b in zip(lazy.parameters(), eager.parameters()):
+        assert torch.equal(a, b)
+    # and the two now have the same form (what the healing transport compares)
+    assert lazy_opt.state_dict()["state"].keys() == eager_opt.state_dict()["state"].keys()
+
+
+def test_an_optimizer_without_a_known_first_step_is_refused():
+    model = _model()
+    with pytest.raises(ValueError, match="heals SGD, Adam, AdamW, LARS and LAMB state, got "
+                                         "RMSprop"):
+        per_step.materialize_optimizer_state(torch.optim.RMSprop(model.parameters()))
+    # one that builds its state in its constructor already has its form
+    per_step.materialize_optimizer_state(torch.optim.Adagrad(model.parameters()))
+    with pytest.raises(ValueError, match="use dampening=0, got 0.5"):
+        per_step.materialize_optimizer_state(
+            torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.5))
+
+
+@pytest.mark.parametrize("algorithm", ["oktopk", "topk_a2a", "dlcp"])
+def test_the_all_to_all_algorithms_are_refused_by_name(algorithm):
+    with pytest.raises(ValueError, match=f"runs allreduce, hier_allreduce, topk_allgather, "
+                                         f"hitopk .*got algorithm '{algorithm}'"):
+        per_step.check_algorithm(algorithm)
+
+
+class _Store:
+    def __init__(self, start=0):
+        self.count = start
+
+    def add(self, key, amount):
+        self.count += amount
+        return self.count
+
+
+def test_the_start_barrier_waits_for_every_node_and_names_the_count():
+    per_step.wait_for_nodes(_Store(start=2), nodes=3, timeout=timedelta(seconds=1))
+    per_step.wait_for_nodes(_Store(start=5), nodes=3, timeout=timedelta(seconds=1))  # back later
+    with pytest.raises(TimeoutError, match="only 2 of 3 nodes started within 0.2 s"):
+        per_step.wait_for_nodes(_Store(start=1), nodes=3, timeout=timedelta(seconds=0.2))
