@@ -2,10 +2,13 @@
 back, each node its own process group, the nodes joined only by torchft's Lighthouse (here in
 the test's process):
 
+* 3 x 1, allreduce: two nodes vanish in the same step; node 0 goes on alone;
 * 2 x 2, hitopk: node 1 vanishes in the inter-node phase of step 8 (every rank of it exits);
-  node 0 goes on alone without a restart; node 1 starts again, heals and both finish together;
-* 3 x 1, allreduce: two nodes vanish in the same step;
-* 2 x 2, topk_allgather: node 1 vanishes again while it heals (its donor is sending).
+  node 0 goes on alone without a restart; node 1 starts again and vanishes while it heals (its
+  donor is sending); it starts again, heals and both finish together.
+
+topk_allgather runs the same protocol on the emulated cluster's launcher
+(tests/cluster/test_ft_cluster.py).
 
 The reference is the run itself: every committed step applies the same average on every rank
 present, and a returning node takes a live peer's model, optimizer and SyncState, so at the end
@@ -35,24 +38,6 @@ def _all_identical(results: list[dict]) -> None:
     assert identical(results), [(r["node"], r["local_rank"], r["step"]) for r in results]
 
 
-def test_a_node_lost_mid_step_and_back_trains_on_to_identical_weights(tmp_path):
-    with _job(tmp_path, "hitopk") as job:
-        survivors = job.start(0)
-        job.wait(job.start(1, die_at=DIE_AT), DIED)
-        returning = job.start(1)
-        job.wait(survivors + returning, 0)
-        results = job.results()
-    _all_identical(results)
-    for survivor in results[:PER_NODE]:
-        counts = [nodes for _, nodes in survivor["quorums"]]
-        assert counts[:3] == [2, 1, 2], survivor["quorums"]  # lost node 1, then had it back
-        assert survivor["rolled_back"] >= 1  # the step node 1 died in was not committed
-    for returned in results[PER_NODE:]:
-        # it joined at the survivors' step (healed), not at 0, and trained to the end with them
-        assert returned["quorums"][0][0] > DIE_AT and returned["quorums"][0][1] == 2
-        assert returned["committed"] < STEPS
-
-
 def test_two_nodes_lost_at_once_and_back(tmp_path):
     """3 nodes x 1 rank, the dense all-reduce (the world composed of the node's group and the
     cross-node one): nodes 1 and 2 vanish in the same step; node 0 goes on alone."""
@@ -69,10 +54,12 @@ def test_two_nodes_lost_at_once_and_back(tmp_path):
     assert results[0]["rolled_back"] >= 1
 
 
-def test_a_node_lost_while_it_heals_leaves_its_donor_training(tmp_path):
-    """topk_allgather (the flat all-gather over the composed world): node 1 vanishes mid-step,
-    comes back, vanishes again while node 0 sends it the state, and comes back for good."""
-    with _job(tmp_path, "topk_allgather") as job:
+def test_a_node_lost_mid_step_then_while_it_heals_and_back_trains_on_to_identical_weights(
+        tmp_path):
+    """hitopk, 2 x 2: node 1 vanishes in the inter-node phase of step 8; node 0 rolls that step
+    back and trains on alone; node 1 comes back and vanishes again while node 0 sends it the
+    state; it comes back for good, heals and both finish together."""
+    with _job(tmp_path, "hitopk") as job:
         survivors = job.start(0)
         job.wait(job.start(1, die_at=DIE_AT), DIED)
         job.wait(job.start(1, die_healing=True), DIED)
@@ -80,7 +67,13 @@ def test_a_node_lost_while_it_heals_leaves_its_donor_training(tmp_path):
         job.wait(survivors + returning, 0)
         results = job.results()
     _all_identical(results)
-    counts = [nodes for _, nodes in results[0]["quorums"]]
-    # lost mid-step, back, lost while healing (its donor's step rolled back), back for good
-    assert counts[:5] == [2, 1, 2, 1, 2], results[0]["quorums"]
-    assert results[0]["rolled_back"] >= 2
+    for survivor in results[:PER_NODE]:
+        counts = [nodes for _, nodes in survivor["quorums"]]
+        # lost mid-step, back, lost while healing (that step rolled back too), back for good
+        assert counts[:5] == [2, 1, 2, 1, 2], survivor["quorums"]
+        assert survivor["rolled_back"] >= 2
+        assert survivor["quorums"][1][0] == DIE_AT  # the step node 1 died in was retried
+    for returned in results[PER_NODE:]:
+        # it joined at the survivors' step (healed), not at 0, and trained to the end with them
+        assert returned["quorums"][0][0] > DIE_AT and returned["quorums"][0][1] == 2
+        assert returned["committed"] < STEPS

@@ -13,22 +13,22 @@ state: a node lost while it heals (its donor is sending).
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import sys
 import time
+from datetime import timedelta
 
-STARTED_AT = time.time()  # before the imports: "its processes starting" in issue #32's terms
+import torch
+import torch.distributed as dist
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-from datetime import timedelta  # noqa: E402
+import thinwire
+from thinwire.ft import per_step
+from thinwire.ft.groups import ReplicaGroup
+from thinwire.train.ft_job import process_started_at
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-import thinwire  # noqa: E402
-from thinwire.ft import per_step  # noqa: E402
-from thinwire.ft.groups import ReplicaGroup  # noqa: E402
+STARTED_AT = process_started_at()  # "its processes starting", in issue #32's terms
 
 DIE_STATUS = 17
 

@@ -74,6 +74,11 @@ def add_resource_options(parser: argparse.ArgumentParser) -> None:
                             "node1@30s,restart@45s;node2@90s: every process of the node is "
                             "killed (SIGKILL) at the time, its launcher started again at the "
                             "restart; each is logged with its time")
+    group.add_argument("--fault-tolerant", action="store_true",
+                       help="every node its own torchrun world, joined by a coordinator "
+                            "(torchft's Lighthouse and a job store) beside the nodes, so that "
+                            "nodes may vanish and come back while the others train on "
+                            "(python -m thinwire.train.ft_job)")
     group.add_argument("--class-queue", type=int, nargs="+", default=None, metavar="PACKETS",
                        help="queue length of each class in packets: one value for all or one "
                             "per class, highest class first (default 1000)")
@@ -93,7 +98,8 @@ def resource_kwargs(args: argparse.Namespace) -> dict:
             **({"failure_schedule": args.failure_schedule}
                if getattr(args, "failure_schedule", None) else {}),
             **({"schedule_clock": args.schedule_clock}
-               if getattr(args, "schedule_clock", "job") != "job" else {})}
+               if getattr(args, "schedule_clock", "job") != "job" else {}),
+            **({"fault_tolerant": True} if getattr(args, "fault_tolerant", False) else {})}
 
 
 def spec_from_args(args: argparse.Namespace) -> ClusterSpec:

@@ -29,7 +29,7 @@ from thinwire.output import write_json_atomic
 from thinwire.cluster.fidelity import assess as assess_fidelity
 from thinwire.cluster.accounting import NodeMonitor
 from thinwire.cluster.cgroups import join as join_cgroups
-from thinwire.cluster.netns import LOG_DIR_PREFIX, Network, kill_namespace_processes
+from thinwire.cluster.netns import LOG_DIR_PREFIX, Network, kill_namespace_processes, sh
 from thinwire.cluster.schedule import BandwidthSchedule, FailureSchedule
 from thinwire.cluster.spec import TRAINING_STARTED_ENV, ClusterSpec
 from thinwire.ports import free_port
@@ -99,8 +99,10 @@ def node_env(spec: ClusterSpec, node: int, ifname: str, extra: dict | None) -> d
 
 def torchrun_argv(spec: ClusterSpec, node: int, master_addr: str, master_port: int,
                   log_dir: str, command: list[str]) -> list[str]:
+    """A fault-tolerant job's node is a world of its own (one node, rendezvous at itself)."""
+    nodes, rank = (1, 0) if spec.fault_tolerant else (spec.nodes, node)
     return [sys.executable, "-m", "torch.distributed.run",
-            "--nnodes", str(spec.nodes), "--node-rank", str(node),
+            "--nnodes", str(nodes), "--node-rank", str(rank),
             "--nproc-per-node", str(spec.ranks_per_node),
             "--master-addr", master_addr, "--master-port", str(master_port),
             "--max-restarts", "0", "--log-dir", os.path.join(log_dir, f"node{node}"),
@@ -335,7 +337,7 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
                 guard.cleaning = True
                 with _signals_blocked():
                     oom = bool(monitors) and monitors[0].oom is not None
-                    retired = nodes.retired if nodes is not None else []
+                    retired = nodes.retired + nodes.helpers if nodes is not None else []
                     _stop(procs + retired, network,
                           OOM_TERMINATE_GRACE_S if oom else TERMINATE_GRACE_S)
                     for thread in threads:
@@ -405,6 +407,8 @@ class _Nodes:
         self.procs, self.threads, self.monitors = procs, threads, monitors
         self.retired: list[subprocess.Popen] = []
         self.down: set[int] = set()  # killed by the schedule, not restarted (yet)
+        self.helpers: list[subprocess.Popen] = []  # a fault-tolerant job's coordinator
+        self.coordinator_env: dict[str, str] = {}
         self.lock = threading.Lock()
         self.master_addr, self.port = None, None
 
@@ -418,6 +422,8 @@ class _Nodes:
             self.master_addr, self.port = self.network.node_addr(0), MASTER_PORT_IN_NAMESPACE
         else:
             self.master_addr, self.port = "127.0.0.1", free_port()
+        if self.spec.fault_tolerant:
+            self._start_coordinator()
         for node in range(self.spec.nodes):
             self.procs.append(self._launch(node))
         if self.monitors:
@@ -425,18 +431,71 @@ class _Nodes:
         log.info("cluster run: %s (%d ranks): %s", self.spec.describe(), self.spec.world_size,
                  " ".join(self.command))
 
+    def _start_coordinator(self, timeout_s: float = 60.0) -> None:
+        """torchft's Lighthouse and the job store, in the switch's namespace (an address on
+        its bridge: no node's death takes them along) or on 127.0.0.1; waits for "ready"."""
+        from thinwire.cluster import coordinator
+
+        if self.network is not None:
+            host = coordinator.COORDINATOR_HOST
+            lighthouse_port, store_port = coordinator.LIGHTHOUSE_PORT, coordinator.STORE_PORT
+            sh("ip", "-n", self.network.switch_ns, "addr", "add", f"{host}/24", "dev", "br0")
+            prefix = ["ip", "netns", "exec", self.network.switch_ns]
+        else:
+            host, lighthouse_port, store_port, prefix = "127.0.0.1", free_port(), free_port(), []
+        proc = subprocess.Popen(
+            prefix + [sys.executable, "-m", "thinwire.cluster.coordinator", "--host", host,
+                      "--lighthouse-port", str(lighthouse_port), "--store-port",
+                      str(store_port)],
+            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True, bufsize=1, errors="replace")
+        self.helpers.append(proc)
+        ready = threading.Event()
+
+        def relay() -> None:  # its "ready", then the quorum changes and problems it logs
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.strip() == "ready":
+                    ready.set()
+                    continue
+                if "[INFO]" in line and "quorum change" not in line:
+                    continue  # a line per quorum request: every step of every node
+                with self.lock:
+                    self.output.write(f"[coordinator] {line.rstrip()}\n")
+                    self.output.flush()
+        thread = threading.Thread(target=relay, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+        deadline = time.monotonic() + timeout_s
+        while not ready.wait(0.1):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the fault-tolerant job's coordinator did not start "
+                                   f"(status {proc.poll()})")
+        self.coordinator_env = {coordinator.LIGHTHOUSE_ENV: f"http://{host}:{lighthouse_port}",
+                                coordinator.STORE_ENV: f"{host}:{store_port}"}
+
     def _launch(self, node: int) -> subprocess.Popen:
         network = self.network
         prefix = network.exec_prefix(node) if network else []
-        argv = prefix + torchrun_argv(self.spec, node, self.master_addr, self.port,
+        port = self.port
+        if self.spec.fault_tolerant and network is None:
+            port = free_port()  # each node's own rendezvous, all on this host's loopback
+        argv = prefix + torchrun_argv(self.spec, node, self.master_addr, port,
                                       self.log_dir, self.command)
         ifname = "eth0" if network else "lo"
         log.debug("node %d: %s", node, " ".join(argv))
         cgroups = network.node_cgroups if network else None
         # The node's torchrun joins its cgroups before exec; its ranks inherit them.
         join = functools.partial(join_cgroups, cgroups.procs_files(node)) if cgroups else None
+        env = node_env(self.spec, node, ifname, self.env)
+        if self.spec.fault_tolerant:
+            from thinwire.cluster.coordinator import NODE_ENV
+
+            env.update(self.coordinator_env, **{NODE_ENV: str(node)})
+            if network is not None:  # its own world's rendezvous, on its own loopback
+                argv[argv.index("--master-addr") + 1] = "127.0.0.1"
         proc = subprocess.Popen(
-            argv, env=node_env(self.spec, node, ifname, self.env), text=True,
+            argv, env=env, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, bufsize=1, errors="replace", preexec_fn=join)
         if self.monitors:

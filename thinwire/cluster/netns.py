@@ -281,6 +281,11 @@ class Network:
         for i in range(self.spec.nodes):  # the store's dual-stack socket sees v4-mapped peers
             lines += [f"{self.node_addr(i)} thinwire-node{i}",
                       f"::ffff:{self.node_addr(i)} thinwire-node{i}"]
+        if self.spec.fault_tolerant:  # the coordinator, on the switch's bridge
+            from thinwire.cluster.coordinator import COORDINATOR_HOST
+
+            lines += [f"{COORDINATOR_HOST} thinwire-coordinator",
+                      f"::ffff:{COORDINATOR_HOST} thinwire-coordinator"]
         (NETNS_ETC / ns).mkdir(parents=True, exist_ok=True)
         (NETNS_ETC / ns / "hosts").write_text("\n".join(lines) + "\n")
 

@@ -284,6 +284,11 @@ class ClusterSpec:
         set-up, compute probe and, for --algorithm auto, its choice; events at 0 s still apply
         at the job's start). "training" lets runs whose start-up differs meet a link change
         at the same point of their training.
+    fault_tolerant: every node its own torchrun world (one node, its ranks), the nodes joined
+        by a coordinator the launcher runs beside them (torchft's Lighthouse and a job store:
+        `thinwire.cluster.coordinator`), so that a node can vanish and come back while the
+        others train on (`thinwire.ft.per_step`). Ranks read the coordinator's addresses and
+        their node's index from the environment.
     """
 
     nodes: int
@@ -303,6 +308,7 @@ class ClusterSpec:
     bandwidth_schedule: str | None = None
     failure_schedule: str | None = None
     schedule_clock: str = "job"
+    fault_tolerant: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.class_queue, list):  # frozen dataclass: keep it hashable
@@ -347,6 +353,8 @@ class ClusterSpec:
             raise ValueError(f"link_mtu={self.link_mtu} needs the shaped cluster (shaping=True): "
                              f"the loopback's MTU is not the cluster's to change")
         _ = self.failure_events
+        if not isinstance(self.fault_tolerant, bool):
+            raise ValueError(f"fault_tolerant must be True or False, got {self.fault_tolerant!r}")
         if self.schedule_clock not in SCHEDULE_CLOCKS:
             raise ValueError(f"schedule_clock must be one of {', '.join(SCHEDULE_CLOCKS)}, got "
                              f"{self.schedule_clock!r}")

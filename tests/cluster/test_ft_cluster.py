@@ -1,0 +1,47 @@
+"""`thinwire cluster run --fault-tolerant` (issue 32, item 3): every node its own torchrun world,
+joined by the coordinator the launcher runs beside them (torchft's Lighthouse and the job
+store), running `python -m thinwire.train.ft_job` (loopback: no root). What a failure does to
+such a job is tested in tests/distributed/test_ft_per_step.py and measured by
+`thinwire bench ft-per-step`; here, the launcher's side of it."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from thinwire.cluster import ClusterSpec, run
+from thinwire.cluster.launch import torchrun_argv
+
+pytest.importorskip("torchft")
+
+
+def test_a_fault_tolerant_node_is_a_world_of_its_own():
+    argv = torchrun_argv(ClusterSpec(3, 2, shaping=False, fault_tolerant=True), 2, "10.0.0.1",
+                         1234, "/tmp/x", ["-m", "m"])
+    assert argv[argv.index("--nnodes") + 1] == "1" and argv[argv.index("--node-rank") + 1] == "0"
+    plain = torchrun_argv(ClusterSpec(3, 2, shaping=False), 2, "10.0.0.1", 1234, "/tmp/x",
+                          ["-m", "m"])
+    assert plain[plain.index("--nnodes") + 1] == "3" and plain[plain.index("--node-rank") + 1] == "2"
+    with pytest.raises(ValueError, match="fault_tolerant must be True or False, got 'yes'"):
+        ClusterSpec(2, 1, fault_tolerant="yes")
+
+
+def test_a_fault_tolerant_job_trains_every_node_to_the_same_weights(tmp_path):
+    """2 nodes x 1 rank, topk_allgather (the all-gather over the world composed of the node's
+    group and torchft's cross-node group): both nodes commit every step together and end with
+    the same weights; the coordinator is gone with the job."""
+    out = io.StringIO()
+    status = run(ClusterSpec(2, 1, shaping=False, fault_tolerant=True),
+                 ["-m", "thinwire.train.ft_job", "--model", "mlp", "--algorithm",
+                  "topk_allgather", "--eval-every", "10", "--target", "0.999", "--max-steps",
+                  "20", "--out", str(tmp_path)], timeout_s=240, output=out)
+    assert status == 0, out.getvalue()[-4000:]
+    nodes = [json.loads((tmp_path / f"node{n}.json").read_text()) for n in range(2)]
+    for node in nodes:
+        assert node["step"] == node["committed"] == 20 and node["rolled_back"] == 0
+        assert node["quorums"] == [[0, 2]] and len(node["curve"]) == 2
+    assert nodes[0]["weights_sha256"] == nodes[1]["weights_sha256"]
+    assert nodes[0]["curve"] == [dict(c, wall_s=nodes[0]["curve"][i]["wall_s"])
+                                 for i, c in enumerate(nodes[1]["curve"])]  # same values

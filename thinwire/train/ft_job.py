@@ -1,0 +1,213 @@
+"""`python -m thinwire.train.ft_job`: a compare workload trained with fault-tolerant per-step
+synchronisation (thinwire.ft.per_step) on `thinwire cluster run --fault-tolerant`, where nodes
+may vanish and come back (`--fail`) while the others train on.
+
+Each node is its own torchrun world; ranks find torchft's Lighthouse and the job store through
+the environment the launcher sets (`thinwire.cluster.coordinator`). Every rank trains the
+workload's model with SGD (momentum 0.9, the workload's learning rate, no schedule) on the
+batches of its place in the full cluster (node, local rank), so a node that is away leaves
+its shard untrained meanwhile and each step averages over the ranks present.
+
+Every ``--eval-every`` committed steps each node's local rank 0 evaluates on the workload's
+test set. Committed steps leave every node with the same model, so every node measures the same
+value at the same step; the nodes stop together at the first evaluation that reaches the
+target (or at ``--max-steps``). Training time counts from the start barrier (every node up),
+evaluation excluded. Each node's local rank 0 writes ``OUT/node<i>.json``: its curve, the
+quorums it saw, its committed and rolled-back steps, and when it joined. A node that came back
+writes there when it finishes (the file of its earlier life is replaced).
+"""
+
+from __future__ import annotations
+
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+from datetime import timedelta  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import time  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import thinwire  # noqa: E402
+from thinwire.cluster.coordinator import LIGHTHOUSE_ENV, NODE_ENV, STORE_ENV  # noqa: E402
+from thinwire.ft import per_step  # noqa: E402
+from thinwire.output import write_json_atomic  # noqa: E402
+from thinwire.train import data as data_sets  # noqa: E402
+from thinwire.train import models, quality, workloads  # noqa: E402
+from thinwire.train.loop import say_training_started  # noqa: E402
+
+
+DONE_KEY = "thinwire/ft/target_reached"
+
+
+def process_started_at() -> float:
+    """When this process was created (wall clock, ~10 ms): before the interpreter imported
+    anything (``python -m`` imports the package, torch with it, before this module runs)."""
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+STARTED_AT = process_started_at()
+
+
+def _own_address(peer: str) -> str:
+    """This node's address on the route to the coordinator (its interface on the cluster)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((peer, 9))  # UDP: no packet is sent, only the route is chosen
+        return probe.getsockname()[0]
+
+
+@torch.no_grad()
+def _evaluate(model, dataset, metric: str) -> float:
+    model.eval()
+    loss, correct, _ = models.loss_and_correct(model, dataset.test_x, dataset.test_y)
+    model.train()
+    if metric == "test_accuracy":
+        return float(correct) / len(dataset.test_y)
+    return float(loss) / 0.6931471805599453  # bits per token (per byte for the byte LM)
+
+
+def main(argv: list[str] | None = None) -> int:
+    timeline = {"imported": time.time()}  # when each stage of joining ended (wall clock)
+    p = argparse.ArgumentParser(prog="python -m thinwire.train.ft_job")
+    p.add_argument("--workload", default="mnist", choices=list(workloads.WORKLOADS))
+    p.add_argument("--algorithm", default="hitopk", help=", ".join(per_step.ALGORITHMS))
+    p.add_argument("--density", type=float, default=None,
+                   help="top-k density (default: the workload's sparse setting)")
+    p.add_argument("--target", type=float, default=None, help="default: the workload's")
+    p.add_argument("--model", default=None, choices=list(models.MODELS),
+                   help="another model (and its data) than the workload's, e.g. mlp for a "
+                        "quick check")
+    p.add_argument("--eval-every", type=int, default=None, help="default: the workload's")
+    p.add_argument("--max-steps", type=int, default=2000)
+    p.add_argument("--finish-with-every-node", action="store_true",
+                   help="past --max-steps, go on until a step commits with every node in the "
+                        "quorum (a node away comes back before the end: for tests)")
+    p.add_argument("--timeout", type=float, default=30.0,
+                   help="seconds a collective or a quorum waits")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    per_step.check_algorithm(args.algorithm)
+    work = workloads.check_workload(args.workload)
+    target = work.target if args.target is None else args.target
+    metric = quality.check_metric(work.metric)
+    model_name = args.model or work.model
+    eval_every = args.eval_every or work.eval_every
+    if eval_every < 1 or args.max_steps < 1:
+        raise SystemExit(f"--eval-every and --max-steps must be >= 1, got {eval_every} and "
+                         f"{args.max_steps}")
+    lighthouse, store_at = os.environ.get(LIGHTHOUSE_ENV), os.environ.get(STORE_ENV)
+    if not lighthouse or not store_at:
+        raise SystemExit(f"{LIGHTHOUSE_ENV} / {STORE_ENV} are not set: run this under "
+                         "`thinwire cluster run --fault-tolerant`")
+    node, nodes = int(os.environ[NODE_ENV]), int(os.environ["THINWIRE_NODES"])
+    timeout = timedelta(seconds=args.timeout)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timeout)
+    timeline["node_group"] = time.time()
+    n, local = dist.get_world_size(), dist.get_rank()
+    node_group = dist.new_group(list(range(n)), timeout=timeout)
+    store_host, store_port = store_at.rsplit(":", 1)
+    address = _own_address(store_host)
+    if local == 0:  # torchft's store for this node (its quorums' groups meet through it)
+        node_store = dist.TCPStore(address, 0, is_master=True, wait_for_workers=False)
+        port = torch.tensor([node_store.port])
+    else:
+        port = torch.tensor([0])
+    dist.broadcast(port, 0, group=node_group)
+
+    model = models.build(model_name, seed=0)  # the same start on every node
+    dataset = data_sets.load(models.data_name(model_name))
+    optimizer = torch.optim.SGD(model.parameters(), lr=work.lr, momentum=0.9)
+    timeline["model_and_data"] = time.time()
+    holder = {}
+    manager, pg = per_step.build_manager(
+        lighthouse=lighthouse, node=node, local_rank=local, ranks_per_node=n,
+        store_addr=address, store_port=int(port), hostname=address, timeout=timeout,
+        user_state=lambda: holder["ft"].user_state(),
+        load_user_state=lambda s: holder["ft"].load_user_state(s))
+    topo = per_step.topology(manager, pg, node_group, n, local, timeout)
+    timeline["manager"] = time.time()
+    sparse = dict(work.sparse)
+    if args.density is not None:
+        sparse["density"] = args.density
+    settings = sparse if args.algorithm in ("hitopk", "topk_allgather") else {}
+    state = thinwire.SyncState(topo, args.algorithm, **settings)
+    ft = holder["ft"] = per_step.FaultTolerantStep(manager, topo, state, model, optimizer)
+    job = dist.TCPStore(store_host, int(store_port), is_master=False, timeout=timeout)
+    if local == 0:
+        per_step.wait_for_nodes(job, nodes, timeout)
+    dist.barrier(group=node_group)
+    if job.check([DONE_KEY]):  # came back after the others reached the target: nothing to do
+        manager.shutdown(wait=False)
+        dist.destroy_process_group()
+        return 0
+    began = timeline["start_barrier"] = time.time()
+    if node == 0 and local == 0:
+        say_training_started()  # where --fail counts from the start of training
+    params = list(model.parameters())
+    place, world = node * n + local, nodes * n  # this rank's shard of the full cluster's data
+    batches, epoch = [], 0
+    curve, events, joined_at = [], [], None
+    training_s, eval_s, reached = 0.0, 0.0, None
+    try:
+        while True:
+            if manager.current_step() >= args.max_steps and (
+                    not args.finish_with_every_node or (events and events[-1][3]
+                                                        and ft.nodes == nodes)):
+                break
+            tick = time.time()
+            ft.begin()
+            if joined_at is None:
+                joined_at = timeline["first_quorum"] = time.time()
+            step = manager.current_step()
+            while len(batches) <= step:
+                batches += data_sets.rank_batches(len(dataset.train_x), work.batch_size, place,
+                                                  world, 0, epoch)
+                epoch += 1
+            index = batches[step]
+            loss, _, _ = models.loss_and_correct(model, dataset.train_x[index],
+                                                 dataset.train_y[index])
+            loss.backward()
+            thinwire.synchronize(params, state)
+            done = ft.commit()
+            training_s += time.time() - tick
+            events.append((time.time(), step, ft.nodes, done))
+            if done and manager.current_step() % eval_every == 0:
+                start = time.time()
+                value = _evaluate(model, dataset, metric.name)
+                eval_s += time.time() - start
+                curve.append({"step": manager.current_step(), "nodes": ft.nodes,
+                              "wall_s": time.time() - began - eval_s, "value": value})
+                if metric.reached(value, target):
+                    reached = curve[-1]
+                    break
+        job.set(DONE_KEY, str(manager.current_step()))  # a node back from now on has no job
+        if local == 0:
+            write_json_atomic(Path(args.out) / f"node{node}.json", {
+                "node": node, "workload": work.name, "algorithm": args.algorithm,
+                "target": target, "metric": metric.name, "reached": reached,
+                "step": manager.current_step(), "committed": sum(e[3] for e in events),
+                "rolled_back": ft.rolled_back, "quorums": ft.quorums,
+                "started_at": STARTED_AT, "began_at": began, "joined_at": joined_at,
+                "timeline_s": {k: v - STARTED_AT for k, v in timeline.items()},
+                "curve": curve, "events": events, "eval_s": eval_s,
+                # every node that trained to the end holds the same weights: compared by digest
+                "weights_sha256": hashlib.sha256(b"".join(
+                    t.detach().contiguous().numpy().tobytes() for t in params)).hexdigest()})
+    finally:
+        manager.shutdown(wait=False)
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
