@@ -20,6 +20,7 @@ BENCH_MODULES = [
     "thinwire.bench.sync",
     "thinwire.bench.ddp_hook",
     "thinwire.bench.ft_per_step",
+    "thinwire.bench.ft_cluster",
     "thinwire.bench.cache",
     "thinwire.bench.des",
     "thinwire.bench.cpr",

@@ -143,10 +143,13 @@ class FaultTolerantStep:
 
     ``quorums``: (manager step, nodes) each time the node count changed, for the run's log."""
 
-    def __init__(self, manager, topology: Topology, state, model, optimizer):
+    def __init__(self, manager, topology: Topology, state, model, optimizer,
+                 scheduler=None):
+        """``scheduler``: a learning-rate scheduler stepped once per committed step (healed
+        with the rest, stepped only where the step commits)."""
         check_algorithm(state.algorithm)
         self.manager, self.topology, self.state = manager, topology, state
-        self.model, self.optimizer = model, optimizer
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.local_rank = topology.local_rank
         materialize_optimizer_state(optimizer)
         self._snapshot = None
@@ -155,13 +158,18 @@ class FaultTolerantStep:
 
     # what a joining node takes from a live peer (the Manager's user state)
     def user_state(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "sync": self.state.healing_state_dict()}
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "sync": self.state.healing_state_dict()}
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        return state
 
     def load_user_state(self, saved: dict) -> None:
         self.model.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
         self.state.load_state_dict(saved["sync"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(saved["scheduler"])
 
     @property
     def nodes(self) -> int:
@@ -188,6 +196,8 @@ class FaultTolerantStep:
         committed = self.manager.should_commit()
         if committed:
             self.optimizer.step()
+            if self.scheduler is not None:
+                self.scheduler.step()
         else:
             self.state.rollback(self._snapshot)
             self.rolled_back += 1

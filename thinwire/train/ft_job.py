@@ -4,9 +4,12 @@ may vanish and come back (`--fail`) while the others train on.
 
 Each node is its own torchrun world; ranks find torchft's Lighthouse and the job store through
 the environment the launcher sets (`thinwire.cluster.coordinator`). Every rank trains the
-workload's model with SGD (momentum 0.9, the workload's learning rate, no schedule) on the
-batches of its place in the full cluster (node, local rank), so a node that is away leaves
-its shard untrained meanwhile and each step averages over the ranks present.
+workload's model on the batches of its place in the full cluster (node, local rank), so a
+node that is away leaves
+its shard untrained meanwhile and each step averages over the ranks present. The optimizer,
+its schedule (warm-up, cosine) and the model's start are `thinwire train`'s for the workload
+(`setup_run`), as compare runs it; the schedule steps with each committed step and heals
+with the model.
 
 Every ``--eval-every`` committed steps each node's local rank 0 evaluates on the workload's
 test set. Committed steps leave every node with the same model, so every node measures the same
@@ -39,7 +42,8 @@ from thinwire.ft import per_step  # noqa: E402
 from thinwire.output import write_json_atomic  # noqa: E402
 from thinwire.train import data as data_sets  # noqa: E402
 from thinwire.train import models, quality, workloads  # noqa: E402
-from thinwire.train.loop import say_training_started  # noqa: E402
+from thinwire.train.config import TrainConfig  # noqa: E402
+from thinwire.train.loop import say_training_started, setup_run  # noqa: E402
 
 
 DONE_KEY = "thinwire/ft/target_reached"
@@ -66,13 +70,22 @@ def _own_address(peer: str) -> str:
 
 
 @torch.no_grad()
-def _evaluate(model, dataset, metric: str) -> float:
+def _evaluate(model, dataset, metric: str, node_group, local: int, n: int) -> float:
+    """The whole test set, shared by the node's ranks (each every n-th sample, in chunks of
+    500, as `thinwire train` evaluates), summed over the node's group. Every node measures
+    the same model, so every node gets the same value."""
     model.eval()
-    loss, correct, _ = models.loss_and_correct(model, dataset.test_x, dataset.test_y)
+    totals = torch.zeros(3, dtype=torch.float64)
+    for chunk in torch.arange(local, len(dataset.test_y), n).split(500):
+        loss, correct, count = models.loss_and_correct(model, dataset.test_x[chunk],
+                                                       dataset.test_y[chunk])
+        totals += torch.tensor([float(correct), float(count), float(loss) * float(count)],
+                               dtype=torch.float64)
     model.train()
+    dist.all_reduce(totals, group=node_group)
     if metric == "test_accuracy":
-        return float(correct) / len(dataset.test_y)
-    return float(loss) / 0.6931471805599453  # bits per token (per byte for the byte LM)
+        return float(totals[0] / totals[1])
+    return float(totals[2] / totals[1]) / 0.6931471805599453  # bits per byte
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,9 +137,13 @@ def main(argv: list[str] | None = None) -> int:
         port = torch.tensor([0])
     dist.broadcast(port, 0, group=node_group)
 
-    model = models.build(model_name, seed=0)  # the same start on every node
-    dataset = data_sets.load(models.data_name(model_name))
-    optimizer = torch.optim.SGD(model.parameters(), lr=work.lr, momentum=0.9)
+    # compare's recipe for the workload (`thinwire train`'s set-up: SGD with momentum and
+    # weight decay, warm-up and cosine over the workload's epochs), the same start everywhere
+    cfg = TrainConfig(model=model_name, epochs=work.epochs, batch_size=work.batch_size,
+                      lr=work.lr, algorithm=args.algorithm).validate()
+    place, world = node * n + local, nodes * n  # this rank's shard of the full cluster's data
+    dataset, model, _, _, optimizer, scheduler = setup_run(cfg, place, world,
+                                                          torch.device("cpu"))
     timeline["model_and_data"] = time.time()
     holder = {}
     manager, pg = per_step.build_manager(
@@ -141,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         sparse["density"] = args.density
     settings = sparse if args.algorithm in ("hitopk", "topk_allgather") else {}
     state = thinwire.SyncState(topo, args.algorithm, **settings)
-    ft = holder["ft"] = per_step.FaultTolerantStep(manager, topo, state, model, optimizer)
+    ft = holder["ft"] = per_step.FaultTolerantStep(manager, topo, state, model, optimizer,
+                                                   scheduler)
     job = dist.TCPStore(store_host, int(store_port), is_master=False, timeout=timeout)
     if local == 0:
         per_step.wait_for_nodes(job, nodes, timeout)
@@ -154,7 +172,6 @@ def main(argv: list[str] | None = None) -> int:
     if node == 0 and local == 0:
         say_training_started()  # where --fail counts from the start of training
     params = list(model.parameters())
-    place, world = node * n + local, nodes * n  # this rank's shard of the full cluster's data
     batches, epoch = [], 0
     curve, events, joined_at = [], [], None
     training_s, eval_s, reached = 0.0, 0.0, None
@@ -183,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             events.append((time.time(), step, ft.nodes, done))
             if done and manager.current_step() % eval_every == 0:
                 start = time.time()
-                value = _evaluate(model, dataset, metric.name)
+                value = _evaluate(model, dataset, metric.name, node_group, local, n)
                 eval_s += time.time() - start
                 curve.append({"step": manager.current_step(), "nodes": ft.nodes,
                               "wall_s": time.time() - began - eval_s, "value": value})
