@@ -68,15 +68,16 @@ def run(workload: str = "mnist", algorithm: str = "hitopk", nodes: int = 2,
     rows = []
     for repeat in range(repeats):
         base = dict(_one(calm, workload, algorithm, max_steps, timeout_s), repeat=repeat,
-                    run="undisturbed")
+                    run="undisturbed", ratio=None)
         disturbed = dict(_one(hit, workload, algorithm, max_steps, timeout_s), repeat=repeat,
-                         run=f"--fail {fail}")
+                         run=f"--fail {fail}", ratio=None)
         if base["time_to_target_s"] and disturbed["time_to_target_s"]:
             disturbed["ratio"] = disturbed["time_to_target_s"] / base["time_to_target_s"]
         rows += [base, disturbed]
     ratios = [r["ratio"] for r in rows if r.get("ratio") is not None]
     rejoins = [r["rejoin_s"] for r in rows if r.get("rejoin_s") is not None]
-    median = {"repeat": "median", "run": "disturbed / undisturbed",
+    median = {**{key: None for key in COLUMNS},  # a table row: every column, empty or not
+              "repeat": "median", "run": "disturbed / undisturbed",
               "ratio": statistics.median(ratios) if ratios else None,
               "rejoin_s": statistics.median(rejoins) if rejoins else None,
               "status": max(r["status"] for r in rows)}
@@ -104,15 +105,20 @@ def register(bench_subparsers) -> None:
     parser = bench_subparsers.add_parser(
         "ft-cluster", help="time to target of fault-tolerant per-step training on the emulated "
                            "cluster, undisturbed and under a failure schedule")
-    parser.add_argument("--workload", default="mnist", choices=list(WORKLOADS))
+    parser.add_argument("--workload", default="mnist", choices=list(WORKLOADS),
+                        help="compare's workload to train")
     parser.add_argument("--algorithm", default="hitopk",
                         help="allreduce, hier_allreduce, topk_allgather or hitopk")
-    parser.add_argument("--nodes", type=integer(2, 16), default=2)
-    parser.add_argument("--ranks-per-node", type=integer(1, 8), default=2)
-    parser.add_argument("--inter-node-bandwidth", default="100mbit")
+    parser.add_argument("--nodes", type=integer(2, 16), default=2, help="emulated nodes")
+    parser.add_argument("--ranks-per-node", type=integer(1, 8), default=2,
+                        help="ranks (processes) per node")
+    parser.add_argument("--inter-node-bandwidth", default="100mbit",
+                        help="each node's link rate")
     parser.add_argument("--fail", default="node1@5s,restart@20s",
                         help="the failure schedule (times from the start of training)")
-    parser.add_argument("--repeats", type=integer(1), default=3)
-    parser.add_argument("--max-steps", type=integer(1), default=2000)
+    parser.add_argument("--repeats", type=integer(1), default=3,
+                        help="pairs of runs (undisturbed, disturbed)")
+    parser.add_argument("--max-steps", type=integer(1), default=2000,
+                        help="a run that has not reached the target stops here")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     parser.set_defaults(func=_main)
