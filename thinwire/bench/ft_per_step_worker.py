@@ -14,7 +14,6 @@ state: a node lost while it heals (its donor is sending).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -26,6 +25,7 @@ import torch.distributed as dist
 import thinwire
 from thinwire.ft import per_step
 from thinwire.ft.groups import ReplicaGroup
+from thinwire.output import write_json_atomic
 from thinwire.train.ft_job import process_started_at
 
 STARTED_AT = process_started_at()  # "its processes starting", in issue #32's terms
@@ -137,9 +137,7 @@ def main() -> int:
             "residual_mass": float(sum(r.abs().sum() for r in
                                        state.feedback.residuals.values()))
             if state.feedback.residuals else 0.0}
-        with open(args.out + ".tmp", "w") as f:
-            json.dump(result, f)
-        os.replace(args.out + ".tmp", args.out)
+        write_json_atomic(args.out, result)
     finally:
         manager.shutdown(wait=False)
         dist.destroy_process_group()

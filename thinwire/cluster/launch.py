@@ -477,11 +477,12 @@ class _Nodes:
     def _launch(self, node: int) -> subprocess.Popen:
         network = self.network
         prefix = network.exec_prefix(node) if network else []
-        port = self.port
-        if self.spec.fault_tolerant and network is None:
-            port = free_port()  # each node's own rendezvous, all on this host's loopback
-        argv = prefix + torchrun_argv(self.spec, node, self.master_addr, port,
-                                      self.log_dir, self.command)
+        master, port = self.master_addr, self.port
+        if self.spec.fault_tolerant:  # each node's own rendezvous, on its own loopback
+            master = "127.0.0.1"
+            port = port if network is not None else free_port()  # unshaped: one loopback
+        argv = prefix + torchrun_argv(self.spec, node, master, port, self.log_dir,
+                                      self.command)
         ifname = "eth0" if network else "lo"
         log.debug("node %d: %s", node, " ".join(argv))
         cgroups = network.node_cgroups if network else None
@@ -492,8 +493,6 @@ class _Nodes:
             from thinwire.cluster.coordinator import NODE_ENV
 
             env.update(self.coordinator_env, **{NODE_ENV: str(node)})
-            if network is not None:  # its own world's rendezvous, on its own loopback
-                argv[argv.index("--master-addr") + 1] = "127.0.0.1"
         proc = subprocess.Popen(
             argv, env=env, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -38,9 +38,6 @@ class ReplicaGroup:
     def __init__(self, manager, pg):
         self.manager, self.pg = manager, pg
 
-    def size(self) -> int:
-        return self.manager.num_participants()
-
     def failed(self) -> bool:
         return self.manager.errored() is not None
 
