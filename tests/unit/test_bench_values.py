@@ -25,9 +25,26 @@ from thinwire.cli import build_parser
      "argument --outer-bits: must be an integer in [0, 8]"),
     (["bench", "diloco", "--sparse-outer-lr", "1e30"], "argument --sparse-outer-lr"),
     (["bench", "diloco", "--sync-every", "0"], "argument --sync-every: must be an integer >= 1"),
+    (["bench", "wavelet", "--wave-turn", "sideways"],
+     "argument --wave-turn: must be one of forward, backward, got 'sideways'"),
 ])
 def test_a_bad_benchmark_value_ends_in_argparse(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         build_parser().parse_args(argv)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_wavelet_hands_the_wave_turn_to_its_two_wave_runs(tmp_path, monkeypatch):
+    """The waves mode's own setting reaches the runs that have two waves, not the others."""
+    import thinwire.cluster
+    from thinwire.bench import wavelet
+
+    commands = []
+    monkeypatch.setattr(thinwire.cluster, "run",
+                        lambda spec, command, **kw: commands.append(command) or 1)
+    args = build_parser().parse_args(["bench", "wavelet", "--wave-turn", "forward"])
+    for waves in (1, 2):
+        assert wavelet._launch(args, waves, 8, 2, None, tmp_path, f"w{waves}")["fits"] is False
+    one, two = commands
+    assert "--wave-turn" not in one and two[two.index("--wave-turn") + 1] == "forward"

@@ -51,6 +51,8 @@ def _launch(args, waves: int, batch: int, steps: int, limit: str | None, folder:
                "--compute-probe-iters", "0", "--summary", str(summary), "--log-every", "1000"]
     if args.warmup_steps is not None:
         command += ["--warmup-steps", str(args.warmup_steps)]
+    if waves == 2:
+        command += ["--wave-turn", args.wave_turn]
     log.info("bench wavelet: %s: %d wave(s), batch %d, %d steps, limit %s", tag, waves, batch,
              steps, limit)
     try:
@@ -225,4 +227,8 @@ def register(bench_subparsers) -> None:
     p.add_argument("--png", default="results/wavelet/wavelet.png", help="figure (default "
                    "results/wavelet/wavelet.png)")
     p.add_argument("--json", default=None, help="write the results here (default: none)")
+    from thinwire.cliargs import add_declared
+    from thinwire.train.settings import BY_NAME
+
+    add_declared(p, BY_NAME["wave_turn"], help_prefix="the two-wave runs: ")
     p.set_defaults(func=_main)
