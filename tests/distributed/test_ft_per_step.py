@@ -23,6 +23,8 @@ import pytest
 
 pytest.importorskip("torchft")
 
+import json  # noqa: E402
+
 from thinwire.bench.ft_per_step import DIED, Job, identical  # noqa: E402
 
 NODES, PER_NODE, STEPS, DIE_AT = 2, 2, 24, 8
@@ -60,13 +62,24 @@ def test_a_node_lost_mid_step_then_while_it_heals_and_back_trains_on_to_identica
     back and trains on alone; node 1 comes back and vanishes again while node 0 sends it the
     state; it comes back for good, heals and both finish together."""
     with _job(tmp_path, "hitopk") as job:
-        survivors = job.start(0)
-        job.wait(job.start(1, die_at=DIE_AT), DIED)
-        job.wait(job.start(1, die_healing=True), DIED)
-        returning = job.start(1)
+        survivors = job.start(0, count_departed_mass=True)
+        dying = job.start(1, die_at=DIE_AT, count_departed_mass=True)
+        job.wait(dying, DIED)
+        job.wait(job.start(1, die_healing=True, count_departed_mass=True), DIED)
+        returning = job.start(1, count_departed_mass=True)
         job.wait(survivors + returning, 0)
         results = job.results()
     _all_identical(results)
+    # what node 1 held back when it vanished: its ranks' residual L1 after its last committed
+    # step (each wrote it), counted by the survivors, once (it never committed while healing)
+    last = [json.loads(next(tmp_path.glob(f"node1-rank{r}.json.mass.{p.pid}")).read_text())
+            for r, p in enumerate(dying)]
+    assert [m["step"] for m in last] == [DIE_AT] * PER_NODE
+    for survivor in results[:PER_NODE]:
+        assert survivor["departures"] == [{"step": DIE_AT, "node": 1, "residual_l1":
+                                           pytest.approx(sum(m["l1"] for m in last),
+                                                         rel=1e-12)}]
+        assert survivor["departures"][0]["residual_l1"] > 0
     for survivor in results[:PER_NODE]:
         counts = [nodes for _, nodes in survivor["quorums"]]
         # lost mid-step, back, lost while healing (that step rolled back too), back for good

@@ -85,3 +85,8 @@ def test_the_start_barrier_waits_for_every_node_and_names_the_count():
     per_step.wait_for_nodes(_Store(start=5), nodes=3, timeout=timedelta(seconds=1))  # back later
     with pytest.raises(TimeoutError, match="only 2 of 3 nodes started within 0.2 s"):
         per_step.wait_for_nodes(_Store(start=1), nodes=3, timeout=timedelta(seconds=0.2))
+
+
+def test_counting_a_departed_nodes_mass_needs_the_rank_to_know_its_node():
+    with pytest.raises(ValueError, match="count_departed_mass needs node"):
+        per_step.FaultTolerantStep(None, None, None, None, None, count_departed_mass=True)

@@ -68,7 +68,8 @@ class Job:
         self.deadline = time.monotonic() + deadline_s
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, node: int, die_at: int = -1, die_healing: bool = False) -> list:
+    def start(self, node: int, die_at: int = -1, die_healing: bool = False,
+              count_departed_mass: bool = False) -> list:
         port = free_port()
         role = "dies" if die_at >= 0 else "dies-healing" if die_healing else "runs"
         procs = []
@@ -81,7 +82,8 @@ class Job:
                  "--job-store-port", str(self.store.port), "--algorithm", self.algorithm,
                  "--steps", str(self.steps), "--die-at", str(die_at),
                  "--out", str(self.out / f"node{node}-rank{local}.json")]
-                + (["--die-healing"] if die_healing else []),
+                + (["--die-healing"] if die_healing else [])
+                + (["--count-departed-mass"] if count_departed_mass else []),
                 stdout=log, stderr=subprocess.STDOUT, text=True))
             log.close()
         self.procs += procs

@@ -55,6 +55,9 @@ def main() -> int:
     p.add_argument("--max-steps", type=int, default=5000)
     p.add_argument("--die-at", type=int, default=-1)
     p.add_argument("--die-healing", action="store_true")
+    p.add_argument("--count-departed-mass", action="store_true",
+                   help="log what a lost node's residual held (and write this rank's residual "
+                        "L1 after each committed step to OUT.mass.PID, the test's reference)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     n, local = args.ranks_per_node, args.local_rank
@@ -103,7 +106,9 @@ def main() -> int:
                 original(inter, *tensors)
             setattr(inter, name, dying)
     state = thinwire.SyncState(topo, args.algorithm, density=0.25, dense_below_bytes=0)
-    ft = holder["ft"] = per_step.FaultTolerantStep(manager, topo, state, model, optimizer)
+    ft = holder["ft"] = per_step.FaultTolerantStep(
+        manager, topo, state, model, optimizer, count_departed_mass=args.count_departed_mass,
+        node=args.node)
     params = list(model.parameters())
     committed = attempts = 0
     events = []  # (wall time, manager step, nodes, committed)
@@ -120,6 +125,11 @@ def main() -> int:
             thinwire.synchronize(params, state)
             done = ft.commit()
             committed += done
+            if done and args.count_departed_mass:
+                # per process (a node that comes back is another process, same --out)
+                write_json_atomic(f"{args.out}.mass.{os.getpid()}",
+                                  {"step": manager.current_step(),
+                                   "l1": state.residual_mass()["l1"]})
             events.append((time.time(), step, ft.nodes, done))
             # a committed step with every node in the quorum, past the goal: every node of
             # that quorum sees the same and stops after the same step
@@ -133,7 +143,7 @@ def main() -> int:
             "params": [p.detach().flatten().tolist() for p in params],
             "momentum": [optimizer.state[p]["momentum_buffer"].flatten().tolist()
                          for p in params if "momentum_buffer" in optimizer.state[p]],
-            "sync_steps": state.steps,
+            "sync_steps": state.steps, "departures": ft.departures,
             "residual_mass": float(sum(r.abs().sum() for r in
                                        state.feedback.residuals.values()))
             if state.feedback.residuals else 0.0}

@@ -144,9 +144,15 @@ class FaultTolerantStep:
     ``quorums``: (manager step, nodes) each time the node count changed, for the run's log."""
 
     def __init__(self, manager, topology: Topology, state, model, optimizer,
-                 scheduler=None):
+                 scheduler=None, count_departed_mass: bool = False, node: int | None = None):
         """``scheduler``: a learning-rate scheduler stepped once per committed step (healed
-        with the rest, stepped only where the step commits)."""
+        with the rest, stepped only where the step commits). ``count_departed_mass``: every
+        step, before the commit, all ranks share their residual mass (one small all-reduce
+        over every node), so that when a node leaves, the survivors log what it took with it
+        (``departures``); off by default, as it costs a cross-node round trip a step. It needs
+        ``node``, this rank's node index (the K of its replica id ``nodeK``)."""
+        if count_departed_mass and node is None:
+            raise ValueError("count_departed_mass needs node, this rank's node index")
         check_algorithm(state.algorithm)
         self.manager, self.topology, self.state = manager, topology, state
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
@@ -155,6 +161,11 @@ class FaultTolerantStep:
         self._snapshot = None
         self.quorums: list[tuple[int, int]] = []
         self.rolled_back = 0
+        self.count_departed_mass = count_departed_mass
+        self.node = node
+        self._pending_masses: dict[int, float] | None = None
+        self._masses: dict[int, float] = {}  # node -> residual L1 at the last committed step
+        self.departures: list[dict] = []  # {"step", "node", "residual_l1"} of each node lost
 
     # what a joining node takes from a live peer (the Manager's user state)
     def user_state(self) -> dict:
@@ -188,16 +199,46 @@ class FaultTolerantStep:
             log.info("step %d: %d node(s) in the quorum", self.manager.current_step(), count)
         self._snapshot = self.state.snapshot()
 
+    def _share_masses(self, node: int, nodes: int) -> dict[int, float] | None:
+        """{node: its ranks' residual L1} over the quorum, or None where the exchange failed
+        (the step will not commit). Each rank adds its own at its node's slot."""
+        from thinwire.collectives.primitives import all_reduce_sum
+
+        table = torch.zeros(2 * nodes, dtype=torch.float64)
+        table[2 * self.topology.node] = self.state.residual_mass()["l1"]
+        if self.topology.local_rank == 0:
+            table[2 * self.topology.node + 1] = node + 1  # which node holds this slot
+        all_reduce_sum(table, self.topology.world)
+        if self.topology.inter.failed():
+            return None
+        return {int(table[2 * i + 1]) - 1: float(table[2 * i]) for i in range(nodes)}
+
+    def _count_departures(self, node: int) -> None:
+        masses = self._share_masses(node, self.topology.nodes)
+        if masses is None:
+            return
+        for gone in sorted(set(self._masses) - set(masses)):
+            self.departures.append({"step": self.manager.current_step(), "node": gone,
+                                    "residual_l1": self._masses[gone]})
+            log.warning("node %d left at step %d taking a residual of L1 %.6g with it (never "
+                        "applied)", gone, self.manager.current_step(), self._masses[gone])
+        self._pending_masses = masses
+
     def commit(self) -> bool:
         """Step the optimizer where the quorum commits; else undo the step's sync state.
         Returns whether it committed. The gradients are cleared either way."""
         if self._snapshot is None:
             raise RuntimeError("commit() without begin()")
+        self._pending_masses = None
+        if self.count_departed_mass:
+            self._count_departures(self.node)
         committed = self.manager.should_commit()
         if committed:
             self.optimizer.step()
             if self.scheduler is not None:
                 self.scheduler.step()
+            if self._pending_masses is not None:
+                self._masses = self._pending_masses
         else:
             self.state.rollback(self._snapshot)
             self.rolled_back += 1
