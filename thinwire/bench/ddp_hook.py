@@ -130,22 +130,13 @@ def run(algorithms=("allreduce", "hier_allreduce", "hitopk"), device: str = "cpu
     the ones it uses; the rest keep train's defaults); ``algorithm_options``: {algorithm:
     {name: value}}, each algorithm's declared settings."""
     from thinwire import collectives
-    from thinwire.bench.sync_settings import NAMES
-    from thinwire.train.settings import BY_NAME
+    from thinwire.bench import sync_settings
 
     for algorithm in algorithms:
         collectives.get(algorithm)  # an unknown name fails here, naming the known ones
-    unknown = sorted(set(sync or {}) - set(NAMES))
-    if unknown:
-        raise ValueError(f"sync: unknown settings {unknown}; allowed: {', '.join(NAMES)}")
-    sync = {name: BY_NAME[name].checked((sync or {}).get(name, BY_NAME[name].default))
-            for name in NAMES}
-    algorithm_options = dict(algorithm_options or {})
-    for name, given in algorithm_options.items():  # before any process group exists
-        if name not in algorithms:
-            raise ValueError(f"algorithm_options names {name!r}, which is not one of the "
-                             f"algorithms timed ({', '.join(algorithms)})")
-        collectives.get(name).check_options(given)
+    sync = sync_settings.checked(sync)
+    algorithm_options = sync_settings.checked_algorithm_options(algorithm_options,
+                                                                 algorithms)
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device} requested but CUDA is not available")

@@ -65,13 +65,7 @@ def main() -> int:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.node_port}",
                             rank=local, world_size=n, timeout=timeout)
     node_group = dist.new_group(list(range(n)), timeout=timeout)
-    # torchft's store for this node (the quorum's groups are configured through it)
-    if local == 0:
-        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        port = torch.tensor([store.port])
-    else:
-        port = torch.tensor([0])
-    dist.broadcast(port, 0, group=node_group)
+    store, port = per_step.node_store(node_group, "127.0.0.1", local)  # noqa: F841 - alive
 
     # every node from the same seed, as `thinwire train` starts them: torchft heals local rank
     # j from local rank j of a live node, and the source node may differ from one j to another
@@ -89,7 +83,7 @@ def main() -> int:
         DataOnlyTransport.recv_checkpoint = dying_recv
     manager, pg = per_step.build_manager(
         lighthouse=args.lighthouse, node=args.node, local_rank=local, ranks_per_node=n,
-        store_addr="127.0.0.1", store_port=int(port), hostname="127.0.0.1", timeout=timeout,
+        store_addr="127.0.0.1", store_port=port, hostname="127.0.0.1", timeout=timeout,
         user_state=lambda: holder["ft"].user_state(),
         load_user_state=lambda s: holder["ft"].load_user_state(s))
     topo = per_step.topology(manager, pg, node_group, n, local, timeout)

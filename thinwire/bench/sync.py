@@ -39,17 +39,11 @@ def run(spec, size: int = 25_600_000, bucket_mb: float = 25.0, density: float = 
         raise ValueError(f"nonfinite must list distinct policies of "
                          f"{', '.join(NONFINITE_POLICIES)}, got {nonfinite!r}")
     algorithms = list(algorithms or collectives.names())
-    from thinwire.train.settings import BY_NAME
-
-    sync = {"density": density, "selector": selector, "wire": wire, "sparse_wire": sparse_wire}
-    for name, value in sync.items():  # as `thinwire train` checks them, before the launch
-        BY_NAME[name].checked(value)
-    algorithm_options = dict(algorithm_options or {})
-    for name, given in algorithm_options.items():
-        if name not in algorithms:
-            raise ValueError(f"algorithm_options names {name!r}, which is not one of the "
-                             f"algorithms timed ({', '.join(algorithms)})")
-        collectives.get(name).check_options(given)
+    # as `thinwire train` checks them, before the launch
+    sync = sync_settings.checked({"density": density, "selector": selector, "wire": wire,
+                                  "sparse_wire": sparse_wire})
+    algorithm_options = sync_settings.checked_algorithm_options(algorithm_options,
+                                                                 algorithms)
     result = run_cluster_worker(
         spec, "thinwire.bench.sync_worker",
         ["--size", str(size), "--bucket-mb", str(bucket_mb), "--sync", json.dumps(sync),

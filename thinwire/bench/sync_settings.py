@@ -36,6 +36,31 @@ def add(parser, names=NAMES, defaults: dict | None = None) -> None:
         add_declared(parser, setting, default=(defaults or {}).get(name, setting.default))
 
 
+def checked(values: dict | None) -> dict:
+    """Every setting of NAMES, each checked as `thinwire train` checks it (train's default
+    where not given); a name outside NAMES is refused."""
+    values = dict(values or {})
+    unknown = sorted(set(values) - set(NAMES))
+    if unknown:
+        raise ValueError(f"sync: unknown settings {unknown}; allowed: {', '.join(NAMES)}")
+    return {name: _declared(name).checked(values.get(name, _declared(name).default))
+            for name in NAMES}
+
+
+def checked_algorithm_options(options: dict | None, algorithms) -> dict:
+    """{algorithm: {name: value}}, each checked against the algorithm's declaration; an
+    algorithm the benchmark does not time is refused."""
+    from thinwire import collectives
+
+    options = dict(options or {})
+    for name, given in options.items():
+        if name not in algorithms:
+            raise ValueError(f"algorithm_options names {name!r}, which is not one of the "
+                             f"algorithms timed ({', '.join(algorithms)})")
+        collectives.get(name).check_options(given)
+    return options
+
+
 def for_algorithm(algorithm: str, values: dict) -> dict:
     """SyncState's keyword arguments for ``algorithm``: the settings it uses, "none" wire as
     None."""

@@ -30,6 +30,7 @@ collectives are the node's group, the cross-node group and the world composed fr
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from datetime import timedelta
 
@@ -101,6 +102,26 @@ def wait_for_nodes(store, nodes: int, timeout: timedelta, key: str = "thinwire/f
                                f"{timeout.total_seconds():g} s")
         time.sleep(0.05)
         count = store.add(key, 0)
+
+
+def own_address(peer: str) -> str:
+    """This node's address on the route to ``peer`` (its interface on the cluster)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((peer, 9))  # UDP: no packet is sent, only the route is chosen
+        return probe.getsockname()[0]
+
+
+def node_store(node_group, address: str, local_rank: int):
+    """(the store, its port): the node's store for torchft (its quorums' cross-node groups
+    meet through it), hosted by local rank 0 on ``address``, its port told to the node's other
+    ranks (their store is None). Keep the store alive as long as the Manager."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(address, 0, is_master=True, wait_for_workers=False) \
+        if local_rank == 0 else None
+    port = torch.tensor([store.port if store is not None else 0])
+    dist.broadcast(port, 0, group=node_group)
+    return store, int(port)
 
 
 def build_manager(*, lighthouse: str, node: int, local_rank: int, ranks_per_node: int,

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from thinwire.ft.per_step import own_address
 from thinwire.local_sgd.diloco import node_group
 from thinwire.local_sgd.torchft_peer import MISSING, available
 
@@ -55,14 +55,6 @@ def check_config(cfg) -> None:
     if cfg.checkpoint or cfg.resume:
         raise ValueError("--algorithm torchft-diloco does not checkpoint (torchft keeps its "
                          "own state): drop --checkpoint / --resume")
-
-
-def _own_address() -> str:
-    """This node's address on the route to the master (its interface on the cluster)."""
-    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((master, 9))  # UDP: no packet is sent, only the route is chosen
-        return probe.getsockname()[0]
 
 
 class _NoTraceback(logging.Filter):
@@ -106,7 +98,7 @@ class TorchftDiLoCoSync:
         store = dist.distributed_c10d._get_default_store()
         topo, rank = self.topology, dist.get_rank()
         node, local = rank // topo.ranks_per_node, rank % topo.ranks_per_node
-        address = _own_address()
+        address = own_address(os.environ.get("MASTER_ADDR", "127.0.0.1"))
         if rank == 0:
             from torchft.coordination import LighthouseServer
             # the node's own address, not every interface ("[::]" reached the host's networks

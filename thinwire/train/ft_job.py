@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import argparse  # noqa: E402
 import hashlib  # noqa: E402
+import math  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import socket  # noqa: E402
 import sys  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -43,7 +43,7 @@ from thinwire.output import write_json_atomic  # noqa: E402
 from thinwire.train import data as data_sets  # noqa: E402
 from thinwire.train import models, quality, workloads  # noqa: E402
 from thinwire.train.config import TrainConfig  # noqa: E402
-from thinwire.train.loop import say_training_started, setup_run  # noqa: E402
+from thinwire.train.loop import evaluate, say_training_started, setup_run  # noqa: E402
 
 
 DONE_KEY = "thinwire/ft/target_reached"
@@ -60,32 +60,6 @@ def process_started_at() -> float:
 
 
 STARTED_AT = process_started_at()
-
-
-def _own_address(peer: str) -> str:
-    """This node's address on the route to the coordinator (its interface on the cluster)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((peer, 9))  # UDP: no packet is sent, only the route is chosen
-        return probe.getsockname()[0]
-
-
-@torch.no_grad()
-def _evaluate(model, dataset, metric: str, node_group, local: int, n: int) -> float:
-    """The whole test set, shared by the node's ranks (each every n-th sample, in chunks of
-    500, as `thinwire train` evaluates), summed over the node's group. Every node measures
-    the same model, so every node gets the same value."""
-    model.eval()
-    totals = torch.zeros(3, dtype=torch.float64)
-    for chunk in torch.arange(local, len(dataset.test_y), n).split(500):
-        loss, correct, count = models.loss_and_correct(model, dataset.test_x[chunk],
-                                                       dataset.test_y[chunk])
-        totals += torch.tensor([float(correct), float(count), float(loss) * float(count)],
-                               dtype=torch.float64)
-    model.train()
-    dist.all_reduce(totals, group=node_group)
-    if metric == "test_accuracy":
-        return float(totals[0] / totals[1])
-    return float(totals[2] / totals[1]) / 0.6931471805599453  # bits per byte
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,13 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     n, local = dist.get_world_size(), dist.get_rank()
     node_group = dist.new_group(list(range(n)), timeout=timeout)
     store_host, store_port = store_at.rsplit(":", 1)
-    address = _own_address(store_host)
-    if local == 0:  # torchft's store for this node (its quorums' groups meet through it)
-        node_store = dist.TCPStore(address, 0, is_master=True, wait_for_workers=False)
-        port = torch.tensor([node_store.port])
-    else:
-        port = torch.tensor([0])
-    dist.broadcast(port, 0, group=node_group)
+    address = per_step.own_address(store_host)
+    store, port = per_step.node_store(node_group, address, local)  # noqa: F841 - kept alive
 
     # compare's recipe for the workload (`thinwire train`'s set-up: SGD with momentum and
     # weight decay, warm-up and cosine over the workload's epochs), the same start everywhere
@@ -148,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     holder = {}
     manager, pg = per_step.build_manager(
         lighthouse=lighthouse, node=node, local_rank=local, ranks_per_node=n,
-        store_addr=address, store_port=int(port), hostname=address, timeout=timeout,
+        store_addr=address, store_port=port, hostname=address, timeout=timeout,
         user_state=lambda: holder["ft"].user_state(),
         load_user_state=lambda s: holder["ft"].load_user_state(s))
     topo = per_step.topology(manager, pg, node_group, n, local, timeout)
@@ -200,7 +169,11 @@ def main(argv: list[str] | None = None) -> int:
             events.append((time.time(), step, ft.nodes, done))
             if done and manager.current_step() % eval_every == 0:
                 start = time.time()
-                value = _evaluate(model, dataset, metric.name, node_group, local, n)
+                # thinwire train's evaluation: the node's ranks share the test set (this
+                # process's default group is its node); every node gets the same value
+                accuracy, loss_value = evaluate(cfg, model, dataset, torch.device("cpu"))
+                value = accuracy if metric.name == "test_accuracy" else \
+                    loss_value / math.log(2)  # bits per byte
                 eval_s += time.time() - start
                 curve.append({"step": manager.current_step(), "nodes": ft.nodes,
                               "wall_s": time.time() - began - eval_s, "value": value})
