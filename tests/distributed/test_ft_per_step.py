@@ -90,3 +90,19 @@ def test_a_node_lost_mid_step_then_while_it_heals_and_back_trains_on_to_identica
         # it joined at the survivors' step (healed), not at 0, and trained to the end with them
         assert returned["quorums"][0][0] > DIE_AT and returned["quorums"][0][1] == 2
         assert returned["committed"] < STEPS
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(),
+                    reason="needs a CUDA device: the GPU machine runs it (tests/gpu/on_device.sh)")
+@pytest.mark.parametrize("algorithm", ["allreduce", "hitopk"])
+def test_on_the_gpu_a_node_lost_and_back_heals_to_identical_weights(tmp_path, algorithm):
+    """The model, its gradients, the optimizer and the residuals on the GPU (the groups stay
+    gloo, the healing state is staged through host memory): 2 x 1, node 1 vanishes in step 8's
+    cross-node phase and comes back; both end bit-identical."""
+    with Job(tmp_path, algorithm, 2, 1, STEPS, device="cuda") as job:
+        survivor = job.start(0)
+        job.wait(job.start(1, die_at=DIE_AT), DIED)
+        job.wait(survivor + job.start(1), 0)
+        results = job.results()
+    _all_identical(results)
+    assert [nodes for _, nodes in results[0]["quorums"]][:2] == [2, 1], results[0]["quorums"]

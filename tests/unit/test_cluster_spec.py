@@ -102,9 +102,18 @@ def test_torchrun_argv_and_env_per_node():
     spec = ClusterSpec(3, 4)
     argv = torchrun_argv(spec, 2, "10.77.0.1", 29500, "/tmp/logs", ["-m", "pkg.mod", "--x"])
     joined = " ".join(argv)
-    assert "-m torch.distributed.run --nnodes 3 --node-rank 2 --nproc-per-node 4" in joined
-    assert "--master-addr 10.77.0.1 --master-port 29500" in joined
+    assert "-m torch.distributed.run --nnodes 3 --node-rank 2 --master-addr 10.77.0.1 " \
+        "--master-port 29500 --nproc-per-node 4 --max-restarts 0" in joined
     assert argv[-3:] == ["-m", "pkg.mod", "--x"]
+    # checkpoint-restart: an elastic rendezvous on the coordinator's store gives the ranks
+    elastic = " ".join(torchrun_argv(ClusterSpec(3, 4, max_restarts=5), 2, "10.77.0.1", 29500,
+                                     "/tmp/logs", ["-m", "pkg.mod"], rendezvous="10.77.0.254:1",
+                                     local_addr="10.77.0.3"))
+    assert "--rdzv-backend c10d --rdzv-endpoint 10.77.0.254:1" in elastic
+    assert "--local-addr 10.77.0.3" in elastic and "--max-restarts 5" in elastic
+    assert "--node-rank" not in elastic and "--master-addr" not in elastic
+    assert node_env(ClusterSpec(3, 4, max_restarts=5), 2, "eth0", None)[
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     env = node_env(spec, 2, "eth0", {"EXTRA": 5})
     assert env["GLOO_SOCKET_IFNAME"] == "eth0" and env["THINWIRE_RANKS_PER_NODE"] == "4"
     assert env["EXTRA"] == "5" and env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"].startswith("[node2")

@@ -19,10 +19,10 @@ def _model():
     return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
 
 
-def _steps(model, optimizer, count=3):
+def _steps(model, optimizer, count=3, device="cpu"):
     for step in range(count):
         g = torch.Generator().manual_seed(step)
-        x = torch.randn(8, 6, generator=g)
+        x = torch.randn(8, 6, generator=g).to(device)
         optimizer.zero_grad()
         model(x).square().mean().backward()
         optimizer.step()
@@ -50,6 +50,29 @@ def test_a_materialized_state_trains_exactly_as_the_lazy_one(make):
         assert torch.equal(a, b)
     # and the two now have the same form (what the healing transport compares)
     assert lazy_opt.state_dict()["state"].keys() == eager_opt.state_dict()["state"].keys()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA device: the GPU machine runs it (tests/gpu/on_device.sh)")
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.Adam(p, lr=1e-2, fused=True),
+    lambda p: torch.optim.AdamW(p, lr=1e-2, capturable=True),
+    lambda p: torch.optim.Adam(p, lr=1e-2, foreach=True),
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, fused=True),
+], ids=["adam-fused", "adamw-capturable", "adam-foreach", "sgd-fused"])
+def test_on_the_gpu_a_materialized_state_trains_exactly_as_the_lazy_one(make):
+    """The GPU's optimizer variants keep ``step`` on the device (fused, capturable) or on the
+    host (foreach): the materialized state must be where their first step puts it."""
+    lazy, eager = _model().cuda(), _model().cuda()
+    lazy_opt, eager_opt = make(lazy.parameters()), make(eager.parameters())
+    per_step.materialize_optimizer_state(eager_opt)
+    _steps(lazy, lazy_opt, device="cuda")
+    _steps(eager, eager_opt, device="cuda")
+    for a, b in zip(lazy.parameters(), eager.parameters()):
+        assert torch.equal(a, b)
+    for a, b in zip(lazy_opt.state.values(), eager_opt.state.values()):
+        assert {k: (v.device, v.dtype) for k, v in a.items() if torch.is_tensor(v)} == \
+            {k: (v.device, v.dtype) for k, v in b.items() if torch.is_tensor(v)}
 
 
 def test_an_optimizer_without_a_known_first_step_is_refused():

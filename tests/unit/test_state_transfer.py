@@ -82,6 +82,30 @@ def test_a_state_crosses_a_gloo_group_bit_identical():
     assert _same(result[1], state)
 
 
+def _on(device, state):
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    if isinstance(state, dict):
+        return {k: _on(device, v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_on(device, v) for v in state)
+    return state
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA device: the GPU machine runs it (tests/gpu/on_device.sh)")
+def test_a_state_on_the_gpu_crosses_a_gloo_group_through_host_memory():
+    """gloo's send takes host memory: the sender stages a GPU state there; it arrives on the
+    host, bit-identical (the Manager's load_state_dict copies it into place)."""
+    state = _on("cuda", _state())
+    transport = lambda pg: st.DataOnlyTransport(pg, TIMEOUT, own_state=_state)  # noqa: E731
+    result, errors = _pair(
+        lambda pg: transport(pg).send_checkpoint([1], 12, state, TIMEOUT),
+        lambda pg: transport(pg).recv_checkpoint(0, "thinwire-state/1", 12, TIMEOUT))
+    assert not errors, errors
+    assert _same(result[1], _state())
+
+
 def _send_raw(header: bytes):
     def send(pg):
         pg.send([torch.tensor([len(header)], dtype=torch.int64)], 1, 1).wait(TIMEOUT)

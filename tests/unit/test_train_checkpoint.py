@@ -80,3 +80,26 @@ def test_lars_and_bf16_autocast_train(tmp_path):
     assert out["test_accuracy"] > 0.5  # learnt something in two epochs, in bf16, with LARS
     lines = (tmp_path / "m.jsonl").read_text().splitlines()
     assert lines[-1].startswith('{"event": "summary"') and len(lines) > 10
+
+
+def test_resume_if_present_starts_afresh_then_resumes_with_the_same_command_line(tmp_path):
+    """What torchrun's restarts need: one configuration for the first start and every restart."""
+    straight = _run(tmp_path, "straight")
+    first = _run(tmp_path, "again", stop_after=5, resume_if_present=True)  # empty: afresh
+    assert first["steps"] == 5
+    resumed = _run(tmp_path, "again", resume_if_present=True)  # holds step 5: resumes
+    assert resumed["steps"] == 8
+    a, b = _weights(tmp_path / "straight"), _weights(tmp_path / "again")
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert [p["test_accuracy"] for p in straight["curve"]] == \
+        [p["test_accuracy"] for p in resumed["curve"]]
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(resume_if_present=True, checkpoint=None), "--resume-if-present needs --checkpoint"),
+    (dict(resume_if_present=True, resume="elsewhere"), "or --resume-if-present, not both"),
+])
+def test_resume_if_present_is_checked(tmp_path, changes, message):
+    with pytest.raises(ValueError, match=message):
+        _run(tmp_path, "x", **changes)

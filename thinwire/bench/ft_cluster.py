@@ -1,26 +1,38 @@
-"""`thinwire bench ft-cluster`: a compare workload's time to target with fault-tolerant per-step
-training on the emulated cluster, undisturbed and under a failure schedule, in the same run.
+"""`thinwire bench ft-cluster`: a compare workload's time to target on the emulated cluster,
+undisturbed and under a failure schedule, fault-tolerant against checkpoint-restart, in one race.
 
-Each repeat runs `python -m thinwire.train.ft_job` twice on `thinwire cluster run
---fault-tolerant`: once undisturbed, once with ``--fail`` (default: node 1 killed 5 s into
-training, back 15 s later: the issue's "back 15 s later", scaled to a run of tens of seconds).
-The two runs alternate, so drift of the machine hits both alike. Per run:
+Each repeat runs, one after the other (so that drift of the machine hits all alike):
 
-- ``time_to_target_s``: node 0's training time to the workload's target, evaluation
-  excluded, from the start barrier;
-- ``final``: the quality it stopped at;
+- ``undisturbed``: `python -m thinwire.train.ft_job` on `thinwire cluster run
+  --fault-tolerant`, no failure;
+- ``fault-tolerant``: the same under ``--fail`` (default: node 1 killed 5 s into training, back
+  15 s later, the issue's "back 15 s later"): the other nodes train on, the node heals and
+  rejoins (thinwire.ft.per_step);
+- ``checkpoint-restart``: `thinwire train` with compare's recipe for the workload, under the same
+  schedule, on `thinwire cluster run --max-restarts`: torchrun restarts every node's ranks after
+  the failure, the job forms again when the lost node's launcher is back, and resumes from
+  thinwire's checkpoint, written every ``--checkpoint-every`` steps (`--resume-if-present`).
+
+Per run:
+
+- ``time_to_target_s``: wall clock from the start of training (every node up, the failure
+  schedule's clock) to the evaluation that reached the workload's target; evaluation,
+  restarts and lost work included: what a user waits;
+- ``vs_undisturbed`` and ``vs_checkpoint_restart``: the fault-tolerant run's time over the
+  undisturbed and the checkpoint-restart run's, in the same repeat;
 - ``rejoin_s``: from the returning node's worker processes being created to its first quorum
-  (its healing included). torchrun's own start comes before that and is not counted;
+  (its healing included; torchrun's own start comes before and is not counted);
+- ``restarts``: times checkpoint-restart resumed from its checkpoint;
 - ``rolled_back``: steps node 0 undid;
 - ``status``: the job's exit status (124: it hung past the timeout).
 
-``ratio``: disturbed over undisturbed time to target, in the same repeat. The checkpoint-restart
-and torchft fault-tolerant DDP baselines of issue #32 are not in this race yet.
+torchft's own fault-tolerant DDP is not in this race yet (issue #32).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import statistics
@@ -30,11 +42,14 @@ from pathlib import Path
 from thinwire.bench.report import format_table, save_if_asked
 from thinwire.cliargs import integer
 
-COLUMNS = ("repeat", "run", "status", "time_to_target_s", "final", "ratio", "rejoin_s",
-           "rolled_back", "quorums")
+RUNS = ("undisturbed", "fault-tolerant", "checkpoint-restart")
+COLUMNS = ("repeat", "run", "status", "time_to_target_s", "final", "vs_undisturbed",
+           "vs_checkpoint_restart", "rejoin_s", "restarts", "rolled_back", "quorums")
+MAX_RESTARTS = 20  # torchrun's restarts of the checkpoint-restart run (one per failure)
 
 
-def _one(spec, workload: str, algorithm: str, max_steps: int, timeout_s: float) -> dict:
+def _fault_tolerant(spec, workload: str, algorithm: str, max_steps: int,
+                    timeout_s: float) -> dict:
     from thinwire.cluster import run as cluster_run
 
     with tempfile.TemporaryDirectory() as out:
@@ -46,7 +61,8 @@ def _one(spec, workload: str, algorithm: str, max_steps: int, timeout_s: float) 
     first = nodes.get(0, {})
     reached = first.get("reached")
     back = nodes.get(1, {})
-    return {"status": status, "time_to_target_s": reached["wall_s"] if reached else None,
+    return {"status": status,
+            "time_to_target_s": reached["unix_time"] - first["began_at"] if reached else None,
             "final": (first.get("curve") or [{}])[-1].get("value"),
             "steps": first.get("step"), "rolled_back": first.get("rolled_back"),
             "quorums": " ".join(f"{n}@{s}" for s, n in first.get("quorums", [])),
@@ -55,36 +71,95 @@ def _one(spec, workload: str, algorithm: str, max_steps: int, timeout_s: float) 
             "log_tail": None if status == 0 else log.getvalue()[-3000:]}
 
 
+def restart_config(workload: str, algorithm: str, ranks_per_node: int, directory: str,
+                   checkpoint_every: int):
+    """compare's run of the workload, checkpointing every ``checkpoint_every`` steps into
+    ``directory`` and resuming from it after a restart (no budget: it runs to the target)."""
+    from thinwire.train import race_config
+
+    cfg = race_config.run_config(workload, algorithm, {}, ranks_per_node=ranks_per_node,
+                                 budget_s=0.0)
+    # no compute probe: the fault-tolerant job has none, and a restart would repeat it
+    return dataclasses.replace(cfg, checkpoint=directory, checkpoint_every=checkpoint_every,
+                               resume_if_present=True, compute_probe_iters=0).validate()
+
+
+def _checkpoint_restart(spec, workload: str, algorithm: str, checkpoint_every: int,
+                        timeout_s: float) -> dict:
+    from thinwire.cluster import run as cluster_run
+    from thinwire.output import write_json_atomic
+    from thinwire.train import quality, workloads
+
+    with tempfile.TemporaryDirectory() as out:
+        cfg = restart_config(workload, algorithm, spec.ranks_per_node, f"{out}/checkpoint",
+                             checkpoint_every)
+        cfg = dataclasses.replace(cfg, summary=f"{out}/summary.json")
+        write_json_atomic(f"{out}/config.json", dataclasses.asdict(cfg))
+        log = io.StringIO()
+        status = cluster_run(spec, ["-m", "thinwire.train", "--config", f"{out}/config.json"],
+                             timeout_s=timeout_s, output=log, stats_path=f"{out}/stats.json")
+        summary = json.loads(Path(f"{out}/summary.json").read_text()) \
+            if Path(f"{out}/summary.json").is_file() else {}
+        stats = json.loads(Path(f"{out}/stats.json").read_text()) \
+            if Path(f"{out}/stats.json").is_file() else {}
+    metric = quality.check_metric(workloads.WORKLOADS[workload].metric)
+    curve = summary.get("curve") or []
+    reached = next((p for p in curve if metric.reached(p[metric.name], summary["target"])),
+                   None)
+    began = stats.get("failure_clock_started_unix")
+    return {"status": status,
+            "time_to_target_s": reached["unix_time"] - began if reached and began else None,
+            "final": curve[-1][metric.name] if curve else None, "steps": summary.get("steps"),
+            "restarts": log.getvalue().count("rank 0: resumed from"),
+            "log_tail": None if status == 0 else log.getvalue()[-3000:]}
+
+
+def _ratio(a: dict, b: dict) -> float | None:
+    if a["time_to_target_s"] and b["time_to_target_s"]:
+        return a["time_to_target_s"] / b["time_to_target_s"]
+    return None
+
+
 def run(workload: str = "mnist", algorithm: str = "hitopk", nodes: int = 2,
         ranks_per_node: int = 2, bandwidth: str = "100mbit",
         fail: str = "node1@5s,restart@20s", repeats: int = 3, max_steps: int = 2000,
-        timeout_s: float = 600.0) -> dict:
+        checkpoint_every: int = 10, timeout_s: float = 600.0,
+        runs: tuple[str, ...] = RUNS) -> dict:
     from thinwire.cluster import ClusterSpec
 
-    calm = ClusterSpec(nodes, ranks_per_node, inter_node_bandwidth=bandwidth,
-                       fault_tolerant=True)
-    hit = ClusterSpec(nodes, ranks_per_node, inter_node_bandwidth=bandwidth,
-                      fault_tolerant=True, failure_schedule=fail, schedule_clock="training")
+    shape = dict(nodes=nodes, ranks_per_node=ranks_per_node, inter_node_bandwidth=bandwidth)
+    schedule = dict(failure_schedule=fail, schedule_clock="training")
+    specs = {"undisturbed": ClusterSpec(**shape, fault_tolerant=True),
+             "fault-tolerant": ClusterSpec(**shape, fault_tolerant=True, **schedule),
+             "checkpoint-restart": ClusterSpec(**shape, max_restarts=MAX_RESTARTS, **schedule)}
     rows = []
     for repeat in range(repeats):
-        base = dict(_one(calm, workload, algorithm, max_steps, timeout_s), repeat=repeat,
-                    run="undisturbed", ratio=None)
-        disturbed = dict(_one(hit, workload, algorithm, max_steps, timeout_s), repeat=repeat,
-                         run=f"--fail {fail}", ratio=None)
-        if base["time_to_target_s"] and disturbed["time_to_target_s"]:
-            disturbed["ratio"] = disturbed["time_to_target_s"] / base["time_to_target_s"]
-        rows += [base, disturbed]
-    ratios = [r["ratio"] for r in rows if r.get("ratio") is not None]
-    rejoins = [r["rejoin_s"] for r in rows if r.get("rejoin_s") is not None]
-    median = {**{key: None for key in COLUMNS},  # a table row: every column, empty or not
-              "repeat": "median", "run": "disturbed / undisturbed",
-              "ratio": statistics.median(ratios) if ratios else None,
-              "rejoin_s": statistics.median(rejoins) if rejoins else None,
-              "status": max(r["status"] for r in rows)}
-    return {"rows": rows + [median],
+        got = {}
+        for name in runs:
+            result = _checkpoint_restart(specs[name], workload, algorithm, checkpoint_every,
+                                         timeout_s) if name == "checkpoint-restart" else \
+                _fault_tolerant(specs[name], workload, algorithm, max_steps, timeout_s)
+            got[name] = dict(result, repeat=repeat, run=name)
+        if "fault-tolerant" in got:
+            ft = got["fault-tolerant"]
+            for other, column in (("undisturbed", "vs_undisturbed"),
+                                  ("checkpoint-restart", "vs_checkpoint_restart")):
+                ft[column] = _ratio(ft, got[other]) if other in got else None
+        rows += got.values()
+
+    def median(column: str) -> float | None:
+        values = [r[column] for r in rows if r.get(column) is not None]
+        return statistics.median(values) if values else None
+    summary = {**{key: None for key in COLUMNS},  # a table row: every column, empty or not
+               "repeat": "median", "run": "fault-tolerant",
+               **{c: median(c) for c in ("vs_undisturbed", "vs_checkpoint_restart",
+                                         "rejoin_s")},
+               "status": max(r["status"] for r in rows)}
+    return {"rows": rows + [summary],
             "setting": {"workload": workload, "algorithm": algorithm, "nodes": nodes,
                         "ranks_per_node": ranks_per_node, "inter_node_bandwidth": bandwidth,
                         "fail": fail, "schedule_clock": "training", "repeats": repeats,
+                        "checkpoint_every": checkpoint_every, "runs": list(runs),
                         "hangs": sum(r["status"] == 124 for r in rows)}}
 
 
@@ -92,8 +167,13 @@ def _main(args: argparse.Namespace) -> int:
     from thinwire.ft.per_step import check_algorithm
 
     check_algorithm(args.algorithm)
+    runs = tuple(r.strip() for r in args.runs.split(","))
+    for name in runs:
+        if name not in RUNS:
+            raise SystemExit(f"--runs: {name!r} is not one of {', '.join(RUNS)}")
     result = run(args.workload, args.algorithm, args.nodes, args.ranks_per_node,
-                 args.inter_node_bandwidth, args.fail, args.repeats, args.max_steps)
+                 args.inter_node_bandwidth, args.fail, args.repeats, args.max_steps,
+                 args.checkpoint_every, runs=runs)
     print(format_table(result["rows"], COLUMNS))
     save_if_asked(args.json, result)
     return 0
@@ -103,8 +183,9 @@ def register(bench_subparsers) -> None:
     from thinwire.train.workloads import WORKLOADS
 
     parser = bench_subparsers.add_parser(
-        "ft-cluster", help="time to target of fault-tolerant per-step training on the emulated "
-                           "cluster, undisturbed and under a failure schedule")
+        "ft-cluster", help="time to target on the emulated cluster, undisturbed and under a "
+                           "failure schedule: fault-tolerant per-step training against "
+                           "checkpoint-restart")
     parser.add_argument("--workload", default="mnist", choices=list(WORKLOADS),
                         help="compare's workload to train")
     parser.add_argument("--algorithm", default="hitopk",
@@ -116,9 +197,16 @@ def register(bench_subparsers) -> None:
                         help="each node's link rate")
     parser.add_argument("--fail", default="node1@5s,restart@20s",
                         help="the failure schedule (times from the start of training)")
-    parser.add_argument("--repeats", type=integer(1), default=3,
-                        help="pairs of runs (undisturbed, disturbed)")
+    parser.add_argument("--checkpoint-every", type=integer(1), default=10, metavar="STEPS",
+                        help="checkpoint-restart's steps between checkpoints (default 10: "
+                             "about 3 s of MNIST's steps at 100 Mbit/s; Young's interval "
+                             "sqrt(2 x cost x time between failures) is ~4 s for a 0.2 s "
+                             "checkpoint, 2 x 2 ranks' files of widecnn here, and a failure "
+                             "every ~45 s)")
+    parser.add_argument("--runs", default=",".join(RUNS),
+                        help=f"which runs of each repeat, of {', '.join(RUNS)}")
+    parser.add_argument("--repeats", type=integer(1), default=3, help="repeats of the runs")
     parser.add_argument("--max-steps", type=integer(1), default=2000,
-                        help="a run that has not reached the target stops here")
+                        help="a fault-tolerant run that has not reached the target stops here")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     parser.set_defaults(func=_main)

@@ -53,12 +53,14 @@ class Job:
     ``out``), and every process killed at the end whatever happened."""
 
     def __init__(self, out: Path, algorithm: str, nodes: int, per_node: int, steps: int,
-                 heartbeat_timeout_ms: int = 1000, deadline_s: float = 150.0):
+                 heartbeat_timeout_ms: int = 1000, deadline_s: float = 150.0,
+                 device: str = "cpu"):
         from torch.distributed import TCPStore
         from torchft.coordination import LighthouseServer
 
         self.out, self.algorithm, self.nodes, self.per_node, self.steps = \
             Path(out), algorithm, nodes, per_node, steps
+        self.device = device
         self.out.mkdir(parents=True, exist_ok=True)
         self.lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1,
                                            join_timeout_ms=heartbeat_timeout_ms,
@@ -80,7 +82,7 @@ class Job:
                  "--ranks-per-node", str(self.per_node), "--nodes", str(self.nodes),
                  "--node-port", str(port), "--lighthouse", self.address,
                  "--job-store-port", str(self.store.port), "--algorithm", self.algorithm,
-                 "--steps", str(self.steps), "--die-at", str(die_at),
+                 "--steps", str(self.steps), "--die-at", str(die_at), "--device", self.device,
                  "--out", str(self.out / f"node{node}-rank{local}.json")]
                 + (["--die-healing"] if die_healing else [])
                 + (["--count-departed-mass"] if count_departed_mass else []),

@@ -58,8 +58,11 @@ def main() -> int:
     p.add_argument("--count-departed-mass", action="store_true",
                    help="log what a lost node's residual held (and write this rank's residual "
                         "L1 after each committed step to OUT.mass.PID, the test's reference)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda: where the model and its "
+                   "gradients live (the groups stay gloo: a CUDA tensor crosses them as it is)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    device = torch.device(args.device)
     n, local = args.ranks_per_node, args.local_rank
     timeout = timedelta(seconds=20)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.node_port}",
@@ -72,7 +75,7 @@ def main() -> int:
     torch.manual_seed(0)
     width = 12
     model = torch.nn.Sequential(torch.nn.Linear(width, 16), torch.nn.Tanh(),
-                                torch.nn.Linear(16, 1)).double()
+                                torch.nn.Linear(16, 1)).double().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     holder = {}
     if args.die_healing:
@@ -114,7 +117,7 @@ def main() -> int:
             if in_quorum_at is None:
                 in_quorum_at = time.time()
             step = manager.current_step()
-            x, y = _batch(step, topo.rank, width)
+            x, y = (t.to(device) for t in _batch(step, topo.rank, width))
             torch.nn.functional.mse_loss(model(x), y).backward()
             thinwire.synchronize(params, state)
             done = ft.commit()
@@ -134,8 +137,8 @@ def main() -> int:
             "committed": committed, "attempts": attempts, "rolled_back": ft.rolled_back,
             "quorums": ft.quorums, "started_at": STARTED_AT, "in_quorum_at": in_quorum_at,
             "events": events,
-            "params": [p.detach().flatten().tolist() for p in params],
-            "momentum": [optimizer.state[p]["momentum_buffer"].flatten().tolist()
+            "params": [p.detach().cpu().flatten().tolist() for p in params],
+            "momentum": [optimizer.state[p]["momentum_buffer"].cpu().flatten().tolist()
                          for p in params if "momentum_buffer" in optimizer.state[p]],
             "sync_steps": state.steps, "departures": ft.departures,
             "residual_mass": float(sum(r.abs().sum() for r in

@@ -13,7 +13,8 @@ from thinwire.cluster.cgroups import CgroupsUnavailable
 from thinwire.cluster.launch import EXIT_OOM
 from thinwire.output import format_table, write_json_atomic
 from thinwire.cluster.netns import ShapingUnavailable, cleanup_dead_runs
-from thinwire.cluster.spec import ClusterSpec
+from thinwire.cliargs import integer
+from thinwire.cluster.spec import MAX_RESTARTS, ClusterSpec
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,12 @@ def add_resource_options(parser: argparse.ArgumentParser) -> None:
                             "(torchft's Lighthouse and a job store) beside the nodes, so that "
                             "nodes may vanish and come back while the others train on "
                             "(python -m thinwire.train.ft_job)")
+    group.add_argument("--max-restarts", type=integer(0, MAX_RESTARTS), default=0, metavar="N",
+                       help="torchrun restarts every node's ranks up to N times after a failure, "
+                            "the job formed again by an elastic rendezvous beside the nodes "
+                            "(checkpoint-restart: give the job --checkpoint DIR "
+                            "--checkpoint-every K --resume-if-present; default 0: a failure "
+                            "ends the job)")
     group.add_argument("--class-queue", type=int, nargs="+", default=None, metavar="PACKETS",
                        help="queue length of each class in packets: one value for all or one "
                             "per class, highest class first (default 1000)")
@@ -99,7 +106,8 @@ def resource_kwargs(args: argparse.Namespace) -> dict:
                if getattr(args, "failure_schedule", None) else {}),
             **({"schedule_clock": args.schedule_clock}
                if getattr(args, "schedule_clock", "job") != "job" else {}),
-            **({"fault_tolerant": True} if getattr(args, "fault_tolerant", False) else {})}
+            **({"fault_tolerant": True} if getattr(args, "fault_tolerant", False) else {}),
+            **({"max_restarts": args.max_restarts} if getattr(args, "max_restarts", 0) else {})}
 
 
 def spec_from_args(args: argparse.Namespace) -> ClusterSpec:

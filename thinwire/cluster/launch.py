@@ -29,6 +29,7 @@ from thinwire.output import write_json_atomic
 from thinwire.cluster.fidelity import assess as assess_fidelity
 from thinwire.cluster.accounting import NodeMonitor
 from thinwire.cluster.cgroups import join as join_cgroups
+from thinwire.cluster.coordinator import STORE_ENV
 from thinwire.cluster.netns import LOG_DIR_PREFIX, Network, kill_namespace_processes, sh
 from thinwire.cluster.schedule import BandwidthSchedule, FailureSchedule
 from thinwire.cluster.spec import TRAINING_STARTED_ENV, ClusterSpec
@@ -91,6 +92,11 @@ def node_env(spec: ClusterSpec, node: int, ifname: str, extra: dict | None) -> d
         env["THINWIRE_LINKS_PER_NODE"] = str(spec.links_per_node)
     if spec.link_mtu != 1500:  # dlcp sizes its datagrams to the links' MTU
         env["THINWIRE_LINK_MTU"] = str(spec.link_mtu)
+    if spec.max_restarts:
+        # torch 2.13's elastic agent keeps rank 0's bootstrap address from its first round and
+        # publishes it only then: a node whose launcher started again waits for it in vain.
+        # Without the shared store, rank 0 publishes a fresh address every round.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
     # torchrun --tee prefixes each rank's lines with this (it fills in ${rank}).
     env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = f"[node{node} rank${{rank}}]: "
@@ -98,15 +104,29 @@ def node_env(spec: ClusterSpec, node: int, ifname: str, extra: dict | None) -> d
 
 
 def torchrun_argv(spec: ClusterSpec, node: int, master_addr: str, master_port: int,
-                  log_dir: str, command: list[str]) -> list[str]:
-    """A fault-tolerant job's node is a world of its own (one node, rendezvous at itself)."""
+                  log_dir: str, command: list[str], rendezvous: str | None = None,
+                  local_addr: str | None = None) -> list[str]:
+    """A fault-tolerant job's node is a world of its own (one node, rendezvous at itself).
+    ``rendezvous`` (HOST:PORT, with ``spec.max_restarts``): the coordinator's store, where
+    torchrun's elastic (c10d) rendezvous forms the job again after a restart; the rendezvous
+    gives the node its rank, and ``local_addr`` is where its rank 0 can be reached."""
     nodes, rank = (1, 0) if spec.fault_tolerant else (spec.nodes, node)
+    if spec.max_restarts and rendezvous:
+        where = ["--rdzv-backend", "c10d", "--rdzv-endpoint", rendezvous,
+                 # a lost node's agent leaves the rendezvous after 3 missed 1 s heartbeats
+                 # (torchrun's default: 3 x 5 s), as fault tolerance's 1 s heartbeat timeout
+                 # (thinwire.cluster.coordinator): the same tuning for both ways through
+                 "--rdzv-id", "thinwire", "--rdzv-conf",
+                 "is_host=false,keep_alive_interval=1,keep_alive_max_attempt=3",
+                 *(["--local-addr", local_addr] if local_addr else [])]
+    else:
+        where = ["--node-rank", str(rank), "--master-addr", master_addr,
+                 "--master-port", str(master_port)]
     return [sys.executable, "-m", "torch.distributed.run",
-            "--nnodes", str(nodes), "--node-rank", str(rank),
+            "--nnodes", str(nodes), *where,
             "--nproc-per-node", str(spec.ranks_per_node),
-            "--master-addr", master_addr, "--master-port", str(master_port),
-            "--max-restarts", "0", "--log-dir", os.path.join(log_dir, f"node{node}"),
-            "--tee", "3", *command]
+            "--max-restarts", str(spec.max_restarts),
+            "--log-dir", os.path.join(log_dir, f"node{node}"), "--tee", "3", *command]
 
 
 def _stream(proc: subprocess.Popen, node: int, output: IO[str], lock: threading.Lock) -> None:
@@ -354,6 +374,7 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
                             stats["bandwidth_changes"] = schedule.changes
                         if stats is not None and failures is not None:
                             stats["failures"] = failures.applied
+                            stats["failure_clock_started_unix"] = failures.started_unix
                     except Exception:  # never let accounting stand in the way of teardown
                         log.exception("could not collect the run's accounting")
                         stats = None
@@ -422,7 +443,7 @@ class _Nodes:
             self.master_addr, self.port = self.network.node_addr(0), MASTER_PORT_IN_NAMESPACE
         else:
             self.master_addr, self.port = "127.0.0.1", free_port()
-        if self.spec.fault_tolerant:
+        if self.spec.fault_tolerant or self.spec.max_restarts:
             self._start_coordinator()
         for node in range(self.spec.nodes):
             self.procs.append(self._launch(node))
@@ -481,8 +502,10 @@ class _Nodes:
         if self.spec.fault_tolerant:  # each node's own rendezvous, on its own loopback
             master = "127.0.0.1"
             port = port if network is not None else free_port()  # unshaped: one loopback
-        argv = prefix + torchrun_argv(self.spec, node, master, port, self.log_dir,
-                                      self.command)
+        argv = prefix + torchrun_argv(
+            self.spec, node, master, port, self.log_dir, self.command,
+            rendezvous=self.coordinator_env.get(STORE_ENV),
+            local_addr=network.node_addr(node) if network else "127.0.0.1")
         ifname = "eth0" if network else "lo"
         log.debug("node %d: %s", node, " ".join(argv))
         cgroups = network.node_cgroups if network else None

@@ -31,13 +31,14 @@ class Schedule(ABC):
         self._start: float | None = None
         self._job_start: float | None = None
         self._marker: Path | None = None
+        self.started_unix: float | None = None  # when the clock started (wall clock)
 
     def start(self, marker: Path | None = None) -> None:
         """Start the clock now, or (``marker``: schedule_clock "training") when that file
         appears; events at 0 s apply now either way."""
         self._job_start = time.monotonic()
         if marker is None:
-            self._start = self._job_start
+            self._start, self.started_unix = self._job_start, time.time()
         else:
             self._marker = marker
             while self.pending and self.pending[0][0] <= 0:
@@ -53,7 +54,7 @@ class Schedule(ABC):
         if self._start is None:
             if self._marker is None or not self._marker.exists():
                 return
-            self._start = time.monotonic()
+            self._start, self.started_unix = time.monotonic(), time.time()
             log.info("%s: the clock starts (training began %.2f s after the job)",
                      type(self).__name__, self._start - self._job_start)
         while self.pending and self.pending[0][0] <= time.monotonic() - self._start:

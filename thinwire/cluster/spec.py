@@ -113,6 +113,7 @@ def parse_size(value: str | int, param: str = "node_memory") -> int:
 
 
 SCHEDULE_CLOCKS = ("job", "training")
+MAX_RESTARTS = 100  # torchrun's restarts of a job (a schedule of failures, not a retry loop)
 # the file a rank touches when training begins (schedule_clock "training"), in the launcher's env
 TRAINING_STARTED_ENV = "THINWIRE_TRAINING_STARTED"
 
@@ -289,6 +290,11 @@ class ClusterSpec:
         `thinwire.cluster.coordinator`), so that a node can vanish and come back while the
         others train on (`thinwire.ft.per_step`). Ranks read the coordinator's addresses and
         their node's index from the environment.
+    max_restarts: how many times torchrun may restart the job's workers after a failure (its
+        ``--max-restarts``), with an elastic rendezvous (c10d) held by the coordinator beside
+        the nodes instead of the static one at node 0: the checkpoint-restart way through a
+        lost node (every node restarts its ranks, they wait for the lost node's launcher to
+        come back, and resume from the job's checkpoint). 0: a failure ends the job.
     """
 
     nodes: int
@@ -309,6 +315,7 @@ class ClusterSpec:
     failure_schedule: str | None = None
     schedule_clock: str = "job"
     fault_tolerant: bool = False
+    max_restarts: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.class_queue, list):  # frozen dataclass: keep it hashable
@@ -355,6 +362,13 @@ class ClusterSpec:
         _ = self.failure_events
         if not isinstance(self.fault_tolerant, bool):
             raise ValueError(f"fault_tolerant must be True or False, got {self.fault_tolerant!r}")
+        if (isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int)
+                or not 0 <= self.max_restarts <= MAX_RESTARTS):
+            raise ValueError(f"max_restarts must be an integer between 0 and {MAX_RESTARTS}, "
+                             f"got {self.max_restarts!r}")
+        if self.max_restarts and self.fault_tolerant:
+            raise ValueError(f"max_restarts={self.max_restarts} restarts the whole job after a "
+                             f"failure; fault_tolerant goes on without a restart: choose one")
         if self.schedule_clock not in SCHEDULE_CLOCKS:
             raise ValueError(f"schedule_clock must be one of {', '.join(SCHEDULE_CLOCKS)}, got "
                              f"{self.schedule_clock!r}")

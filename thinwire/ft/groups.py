@@ -53,9 +53,16 @@ class ReplicaGroup:
         from torch.distributed.distributed_c10d import AllgatherOptions
 
         if not self.failed():
+            # torchft's group is gloo (per_step.build_manager); its all-gather takes host
+            # memory only (a GPU tensor crashed the process on an H200): staged through it
+            host = tensor.device.type != "cpu"
+            into, send = (torch.empty(out.shape, dtype=out.dtype), tensor.cpu()) if host \
+                else (out, tensor)
             try:
-                self.pg.allgather_into_tensor_coalesced([out], [tensor],
+                self.pg.allgather_into_tensor_coalesced([into], [send],
                                                         AllgatherOptions()).wait()
+                if host:
+                    out.copy_(into)
             except Exception as error:  # noqa: BLE001 - a peer gone: the Manager decides
                 self.manager.report_error(error)
         if self.failed():

@@ -18,7 +18,8 @@ own process group (no server, no extra port), and what crosses it is data only:
 The receiver checks the header before it allocates anything: the step is the one the quorum
 agreed, dtypes are in the list, shapes are non-negative, and the total is under a cap (by
 default 1.5 times the receiver's own state: a peer cannot make it allocate 1 TB). Tensors
-arrive on the CPU; the Manager's ``load_state_dict`` copies them into place.
+leave and arrive in host memory (a GPU state is staged through it: the Manager's group is gloo);
+the Manager's ``load_state_dict`` copies them into place.
 """
 
 from __future__ import annotations
@@ -295,6 +296,9 @@ class DataOnlyTransport(CheckpointTransport):
         header, tensors = describe(flatten(state_dict), step)
         buffers = [torch.tensor([len(header)], dtype=torch.int64),
                    torch.frombuffer(bytearray(header), dtype=torch.uint8)]
+        # the Manager's group is gloo (thinwire.ft.per_step.build_manager), whose send takes
+        # host memory: a state on the GPU is staged through it once, for every destination
+        tensors = [t.detach().cpu() for t in tensors]
         works = []
         for dst in dst_ranks:
             works.append(self._pg.send([buffers[0]], dst, tag=_LENGTH_TAG))

@@ -58,7 +58,7 @@ def check_config(cfg) -> None:
     for path in files:
         if not Path(path).is_file():
             raise ValueError(f"--plan-from: {path} is not a file")
-    if cfg.resume:
+    if cfg.resume or cfg.resume_if_present:
         raise ValueError("--algorithm auto does not resume: resume with the algorithm and "
                          "settings it chose (the summary's auto.choice)")
     if cfg.waves != 1:

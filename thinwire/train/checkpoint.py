@@ -50,6 +50,14 @@ def previous_file(directory: str | os.PathLike, rank: int) -> Path:
     return Path(directory) / f"rank{rank}.prev.pt"
 
 
+def any_present(directory: str | os.PathLike) -> bool:
+    """Whether the directory holds a checkpoint of any rank (newest or previous). Every rank
+    sees the same directory, so every rank gets the same answer; a rank whose own file is
+    missing then fails in :func:`load` on every rank, as a bad checkpoint does."""
+    path = Path(directory)
+    return path.is_dir() and any(path.glob("rank*.pt"))
+
+
 def file_key(rank: int) -> str:
     return f"train/rank{rank}"
 

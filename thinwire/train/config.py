@@ -57,6 +57,10 @@ def _validate(self) -> "TrainConfig":
         raise ValueError("--stop-at-target needs --target-accuracy or --target-bits-per-byte")
     if self.checkpoint_every and not self.checkpoint:
         raise ValueError("--checkpoint-every needs --checkpoint DIR (where to write it)")
+    if self.resume_if_present and not self.checkpoint:
+        raise ValueError("--resume-if-present needs --checkpoint DIR (where to look)")
+    if self.resume_if_present and self.resume:
+        raise ValueError(f"give --resume {self.resume} or --resume-if-present, not both")
     if self.stop_after and not self.checkpoint:
         raise ValueError("--stop-after needs --checkpoint DIR (to resume from later)")
     if self.waves == 2:

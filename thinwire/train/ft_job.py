@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                     loss_value / math.log(2)  # bits per byte
                 eval_s += time.time() - start
                 curve.append({"step": manager.current_step(), "nodes": ft.nodes,
-                              "wall_s": time.time() - began - eval_s, "value": value})
+                              "wall_s": time.time() - began - eval_s, "value": value,
+                              "unix_time": time.time()})
                 if metric.reached(value, target):
                     reached = curve[-1]
                     break

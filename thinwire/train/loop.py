@@ -231,9 +231,11 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
     ``replanner``: its re-planning (thinwire.train.replan), or None."""
     rank, world = dist.get_rank(), dist.get_world_size()
     ds, module, steps_per_epoch, total_steps, opt, sched = setup_run(cfg, rank, world, device)
-    saved = checkpoint.load(cfg.resume, rank, cfg, world, steps_per_epoch=steps_per_epoch,
+    resume = cfg.resume or (cfg.checkpoint if cfg.resume_if_present
+                            and checkpoint.any_present(cfg.checkpoint) else None)
+    saved = checkpoint.load(resume, rank, cfg, world, steps_per_epoch=steps_per_epoch,
                             check=_fits(cfg, module, opt, sched),
-                            max_bytes=checkpoint.size_limit(module)) if cfg.resume else None
+                            max_bytes=checkpoint.size_limit(module)) if resume else None
     if saved is not None:
         module.load_state_dict(saved["model"])
     run_id = checkpoint.run_id(saved, device)
@@ -253,7 +255,7 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
         sync.load_state_dict(saved["hook"])
         step, epoch, position = saved["step"], saved["epoch"], saved["position"]
         metrics.load_state_dict(saved["metrics"])
-        log.info("rank %d: resumed from %s at step %d (epoch %d, batch %d)", rank, cfg.resume,
+        log.info("rank %d: resumed from %s at step %d (epoch %d, batch %d)", rank, resume,
                  step, epoch, position)
     first_batches = data.rank_batches(len(ds), cfg.batch_size, rank, world, cfg.seed, epoch)
     metrics.compute_ms = compute_only_ms(cfg, module, ds, first_batches, device, total_steps)

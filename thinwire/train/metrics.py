@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 import os
 from pathlib import Path
 
@@ -91,8 +92,10 @@ class Metrics:
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         # epochs as steps done / steps per epoch: one numbering for every evaluation
         epochs = step / self.steps_per_epoch if self.steps_per_epoch else float(epoch)
+        # unix_time: when (wall clock); a run resumed after a restart spans its downtime in
+        # it, which train_time_s (saved with the checkpoint) does not count
         point = {"step": step, "epoch": round(epochs, 4), "train_time_s": float(slowest),
-                 "test_accuracy": accuracy, "test_loss": loss}
+                 "test_accuracy": accuracy, "test_loss": loss, "unix_time": time.time()}
         if self.language:  # mean cross-entropy per byte, nats -> bits
             point["bits_per_byte"] = loss / math.log(2)
         self.curve.append(point)

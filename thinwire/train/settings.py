@@ -220,6 +220,9 @@ SETTINGS: tuple[Setting, ...] = (
       low=0, metavar="STEPS"),
     S("resume", str, None, "continue from this checkpoint directory", optional=True,
       metavar="DIR"),
+    S("resume_if_present", bool, False, "continue from --checkpoint's directory when it holds "
+      "checkpoints, start afresh when it holds none: one command line for the first start and "
+      "torchrun's restarts (--max-restarts)"),
     S("metrics", str, None, "JSONL metrics (rank 0)", optional=True, metavar="PATH"),
     S("summary", str, None, "JSON summary at the end (rank 0)", optional=True, metavar="PATH"),
     S("eval_every", int, 0, "steps between evaluations (0 = at each epoch's end)", low=0,
