@@ -28,20 +28,24 @@ def test_a_fault_tolerant_node_is_a_world_of_its_own():
         ClusterSpec(2, 1, fault_tolerant="yes")
 
 
-def test_a_fault_tolerant_job_trains_every_node_to_the_same_weights(tmp_path):
+@pytest.mark.parametrize("how", [["--algorithm", "topk_allgather"],
+                                 ["--peer", "torchft-ddp-fp16"]], ids=["thinwire", "torchft"])
+def test_a_fault_tolerant_job_trains_every_node_to_the_same_weights(tmp_path, how):
     """2 nodes x 1 rank, topk_allgather (the all-gather over the world composed of the node's
-    group and torchft's cross-node group): both nodes commit every step together and end with
-    the same weights; the coordinator is gone with the job."""
+    group and torchft's cross-node group), and the torchft fp16 DDP peer (each process its own
+    replica group): both nodes commit every step together and end with the same weights; the
+    coordinator is gone with the job."""
     out = io.StringIO()
     status = run(ClusterSpec(2, 1, shaping=False, fault_tolerant=True),
-                 ["-m", "thinwire.train.ft_job", "--model", "mlp", "--algorithm",
-                  "topk_allgather", "--eval-every", "10", "--target", "0.999", "--max-steps",
-                  "20", "--out", str(tmp_path)], timeout_s=240, output=out)
+                 ["-m", "thinwire.train.ft_job", "--model", "mlp", *how, "--eval-every", "10",
+                  "--target", "0.999", "--max-steps", "20", "--out", str(tmp_path)],
+                 timeout_s=240, output=out)
     assert status == 0, out.getvalue()[-4000:]
     nodes = [json.loads((tmp_path / f"node{n}.json").read_text()) for n in range(2)]
     for node in nodes:
         assert node["step"] == node["committed"] == 20 and node["rolled_back"] == 0
         assert node["quorums"] == [[0, 2]] and len(node["curve"]) == 2
+        assert node["algorithm"] == how[1]
     assert nodes[0]["weights_sha256"] == nodes[1]["weights_sha256"]
-    assert nodes[0]["curve"] == [dict(c, wall_s=nodes[0]["curve"][i]["wall_s"])
-                                 for i, c in enumerate(nodes[1]["curve"])]  # same values
+    values = [[(c["step"], c["nodes"], c["value"]) for c in node["curve"]] for node in nodes]
+    assert values[0] == values[1]

@@ -11,22 +11,23 @@ Each repeat runs, one after the other (so that drift of the machine hits all ali
 - ``checkpoint-restart``: `thinwire train` with compare's recipe for the workload, under the same
   schedule, on `thinwire cluster run --max-restarts`: torchrun restarts every node's ranks after
   the failure, the job forms again when the lost node's launcher is back, and resumes from
-  thinwire's checkpoint, written every ``--checkpoint-every`` steps (`--resume-if-present`).
+  thinwire's checkpoint, written every ``--checkpoint-every`` steps (`--resume-if-present`);
+- ``torchft-ddp-fp16``: torchft's own fault-tolerant DDP with fp16 gradients under the same
+  schedule (`ft_job --peer torchft-ddp-fp16`: every process its own replica group, torchft's
+  defaults; thinwire.train.ft_ddp_peer).
 
 Per run:
 
 - ``time_to_target_s``: wall clock from the start of training (every node up, the failure
   schedule's clock) to the evaluation that reached the workload's target; evaluation,
   restarts and lost work included: what a user waits;
-- ``vs_undisturbed`` and ``vs_checkpoint_restart``: the fault-tolerant run's time over the
-  undisturbed and the checkpoint-restart run's, in the same repeat;
+- ``vs_undisturbed``, ``vs_checkpoint_restart``, ``vs_torchft``: the fault-tolerant run's
+  time over the undisturbed, the checkpoint-restart and the torchft run's, in the same repeat;
 - ``rejoin_s``: from the returning node's worker processes being created to its first quorum
   (its healing included; torchrun's own start comes before and is not counted);
 - ``restarts``: times checkpoint-restart resumed from its checkpoint;
 - ``rolled_back``: steps node 0 undid;
 - ``status``: the job's exit status (124: it hung past the timeout).
-
-torchft's own fault-tolerant DDP is not in this race yet (issue #32).
 """
 
 from __future__ import annotations
@@ -42,21 +43,25 @@ from pathlib import Path
 from thinwire.bench.report import format_table, save_if_asked
 from thinwire.cliargs import integer
 
-RUNS = ("undisturbed", "fault-tolerant", "checkpoint-restart")
-COLUMNS = ("repeat", "run", "status", "time_to_target_s", "final", "vs_undisturbed",
-           "vs_checkpoint_restart", "rejoin_s", "restarts", "rolled_back", "quorums")
+RUNS = ("undisturbed", "fault-tolerant", "checkpoint-restart", "torchft-ddp-fp16")
+COMPARED = (("undisturbed", "vs_undisturbed"), ("checkpoint-restart", "vs_checkpoint_restart"),
+            ("torchft-ddp-fp16", "vs_torchft"))
+COLUMNS = ("repeat", "run", "status", "time_to_target_s", "final",
+           *(column for _, column in COMPARED), "rejoin_s", "restarts", "rolled_back",
+           "quorums")
 MAX_RESTARTS = 20  # torchrun's restarts of the checkpoint-restart run (one per failure)
 
 
 def _fault_tolerant(spec, workload: str, algorithm: str, max_steps: int,
-                    timeout_s: float) -> dict:
+                    timeout_s: float, peer: str | None = None) -> dict:
     from thinwire.cluster import run as cluster_run
 
+    how = ["--peer", peer] if peer else ["--algorithm", algorithm]
     with tempfile.TemporaryDirectory() as out:
         log = io.StringIO()
         status = cluster_run(spec, ["-m", "thinwire.train.ft_job", "--workload", workload,
-                                    "--algorithm", algorithm, "--max-steps", str(max_steps),
-                                    "--out", out], timeout_s=timeout_s, output=log)
+                                    *how, "--max-steps", str(max_steps), "--out", out],
+                             timeout_s=timeout_s, output=log)
         nodes = {int(p.stem[4:]): json.loads(p.read_text()) for p in Path(out).glob("node*.json")}
     first = nodes.get(0, {})
     reached = first.get("reached")
@@ -131,29 +136,33 @@ def run(workload: str = "mnist", algorithm: str = "hitopk", nodes: int = 2,
     schedule = dict(failure_schedule=fail, schedule_clock="training")
     specs = {"undisturbed": ClusterSpec(**shape, fault_tolerant=True),
              "fault-tolerant": ClusterSpec(**shape, fault_tolerant=True, **schedule),
+             "torchft-ddp-fp16": ClusterSpec(**shape, fault_tolerant=True, **schedule),
              "checkpoint-restart": ClusterSpec(**shape, max_restarts=MAX_RESTARTS, **schedule)}
     rows = []
     for repeat in range(repeats):
         got = {}
         for name in runs:
-            result = _checkpoint_restart(specs[name], workload, algorithm, checkpoint_every,
-                                         timeout_s) if name == "checkpoint-restart" else \
-                _fault_tolerant(specs[name], workload, algorithm, max_steps, timeout_s)
+            if name == "checkpoint-restart":
+                result = _checkpoint_restart(specs[name], workload, algorithm,
+                                             checkpoint_every, timeout_s)
+            else:
+                result = _fault_tolerant(specs[name], workload, algorithm, max_steps, timeout_s,
+                                         peer=name if name == "torchft-ddp-fp16" else None)
             got[name] = dict(result, repeat=repeat, run=name)
         if "fault-tolerant" in got:
             ft = got["fault-tolerant"]
-            for other, column in (("undisturbed", "vs_undisturbed"),
-                                  ("checkpoint-restart", "vs_checkpoint_restart")):
+            for other, column in COMPARED:
                 ft[column] = _ratio(ft, got[other]) if other in got else None
         rows += got.values()
 
     def median(column: str) -> float | None:
-        values = [r[column] for r in rows if r.get(column) is not None]
+        values = [r[column] for r in rows
+                  if r["run"] == "fault-tolerant" and r.get(column) is not None]
         return statistics.median(values) if values else None
     summary = {**{key: None for key in COLUMNS},  # a table row: every column, empty or not
                "repeat": "median", "run": "fault-tolerant",
-               **{c: median(c) for c in ("vs_undisturbed", "vs_checkpoint_restart",
-                                         "rejoin_s")},
+               **{c: median(c) for _, c in COMPARED},
+               "rejoin_s": median("rejoin_s"),
                "status": max(r["status"] for r in rows)}
     return {"rows": rows + [summary],
             "setting": {"workload": workload, "algorithm": algorithm, "nodes": nodes,

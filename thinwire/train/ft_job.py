@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse  # noqa: E402
 import hashlib  # noqa: E402
 import math  # noqa: E402
-import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 from datetime import timedelta  # noqa: E402
@@ -41,7 +40,7 @@ from thinwire.cluster.coordinator import LIGHTHOUSE_ENV, NODE_ENV, STORE_ENV  # 
 from thinwire.ft import per_step  # noqa: E402
 from thinwire.output import write_json_atomic  # noqa: E402
 from thinwire.train import data as data_sets  # noqa: E402
-from thinwire.train import models, quality, workloads  # noqa: E402
+from thinwire.train import ft_ddp_peer, models, quality, workloads  # noqa: E402
 from thinwire.train.config import TrainConfig  # noqa: E402
 from thinwire.train.loop import evaluate, say_training_started, setup_run  # noqa: E402
 
@@ -80,9 +79,16 @@ def main(argv: list[str] | None = None) -> int:
                         "quorum (a node away comes back before the end: for tests)")
     p.add_argument("--timeout", type=float, default=30.0,
                    help="seconds a collective or a quorum waits")
+    p.add_argument("--peer", choices=ft_ddp_peer.PEERS, default=None,
+                   help="train with this peer instead of thinwire's algorithms: "
+                        "torchft-ddp-fp16 is torchft's fault-tolerant DDP, fp16 gradients, "
+                        "every process its own replica group (--algorithm and --density "
+                        "do not apply)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     per_step.check_algorithm(args.algorithm)
+    if args.peer and args.density is not None:
+        raise SystemExit(f"--density applies to thinwire's algorithms, not --peer {args.peer}")
     work = workloads.check_workload(args.workload)
     target = work.target if args.target is None else args.target
     metric = quality.check_metric(work.metric)
@@ -104,34 +110,31 @@ def main(argv: list[str] | None = None) -> int:
     node_group = dist.new_group(list(range(n)), timeout=timeout)
     store_host, store_port = store_at.rsplit(":", 1)
     address = per_step.own_address(store_host)
-    store, port = per_step.node_store(node_group, address, local)  # noqa: F841 - kept alive
 
     # compare's recipe for the workload (`thinwire train`'s set-up: SGD with momentum and
     # weight decay, warm-up and cosine over the workload's epochs), the same start everywhere
     cfg = TrainConfig(model=model_name, epochs=work.epochs, batch_size=work.batch_size,
-                      lr=work.lr, algorithm=args.algorithm).validate()
+                      lr=work.lr, algorithm="allreduce" if args.peer else args.algorithm
+                      ).validate()
     place, world = node * n + local, nodes * n  # this rank's shard of the full cluster's data
     dataset, model, _, _, optimizer, scheduler = setup_run(cfg, place, world,
                                                           torch.device("cpu"))
     timeline["model_and_data"] = time.time()
-    holder = {}
-    manager, pg = per_step.build_manager(
-        lighthouse=lighthouse, node=node, local_rank=local, ranks_per_node=n,
-        store_addr=address, store_port=port, hostname=address, timeout=timeout,
-        user_state=lambda: holder["ft"].user_state(),
-        load_user_state=lambda s: holder["ft"].load_user_state(s))
-    topo = per_step.topology(manager, pg, node_group, n, local, timeout)
-    timeline["manager"] = time.time()
-    sparse = dict(work.sparse)
-    if args.density is not None:
-        sparse["density"] = args.density
-    settings = sparse if args.algorithm in ("hitopk", "topk_allgather") else {}
-    state = thinwire.SyncState(topo, args.algorithm, **settings)
-    ft = holder["ft"] = per_step.FaultTolerantStep(manager, topo, state, model, optimizer,
-                                                   scheduler)
     job = dist.TCPStore(store_host, int(store_port), is_master=False, timeout=timeout)
-    if local == 0:
-        per_step.wait_for_nodes(job, nodes, timeout)
+    params = list(model.parameters())
+    if args.peer:
+        ft = ft_ddp_peer.TorchftDDPStep(lighthouse=lighthouse, place=place, address=address,
+                                        timeout=timeout, model=model, optimizer=optimizer,
+                                        scheduler=scheduler, ranks_per_node=n)
+        manager, forward, state = ft.manager, ft.ddp, None
+        timeline["manager"] = time.time()
+        per_step.wait_for_nodes(job, nodes * n, timeout)  # every process is a replica group
+    else:
+        ft, manager, forward, state = _thinwire_step(args, work, node, n, local, lighthouse,
+                                                     node_group, address, timeout, model,
+                                                     optimizer, scheduler, timeline)
+        if local == 0:
+            per_step.wait_for_nodes(job, nodes, timeout)
     dist.barrier(group=node_group)
     if job.check([DONE_KEY]):  # came back after the others reached the target: nothing to do
         manager.shutdown(wait=False)
@@ -140,7 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     began = timeline["start_barrier"] = time.time()
     if node == 0 and local == 0:
         say_training_started()  # where --fail counts from the start of training
-    params = list(model.parameters())
     batches, epoch = [], 0
     curve, events, joined_at = [], [], None
     training_s, eval_s, reached = 0.0, 0.0, None
@@ -160,10 +162,11 @@ def main(argv: list[str] | None = None) -> int:
                                                   world, 0, epoch)
                 epoch += 1
             index = batches[step]
-            loss, _, _ = models.loss_and_correct(model, dataset.train_x[index],
+            loss, _, _ = models.loss_and_correct(forward, dataset.train_x[index],
                                                  dataset.train_y[index])
             loss.backward()
-            thinwire.synchronize(params, state)
+            if state is not None:
+                thinwire.synchronize(params, state)
             done = ft.commit()
             training_s += time.time() - tick
             events.append((time.time(), step, ft.nodes, done))
@@ -184,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         job.set(DONE_KEY, str(manager.current_step()))  # a node back from now on has no job
         if local == 0:
             write_json_atomic(Path(args.out) / f"node{node}.json", {
-                "node": node, "workload": work.name, "algorithm": args.algorithm,
+                "node": node, "workload": work.name, "algorithm": args.peer or args.algorithm,
                 "target": target, "metric": metric.name, "reached": reached,
                 "step": manager.current_step(), "committed": sum(e[3] for e in events),
                 "rolled_back": ft.rolled_back, "quorums": ft.quorums,
@@ -198,6 +201,30 @@ def main(argv: list[str] | None = None) -> int:
         manager.shutdown(wait=False)
         dist.destroy_process_group()
     return 0
+
+
+def _thinwire_step(args, work, node, n, local, lighthouse, node_group, address, timeout,
+                   model, optimizer, scheduler, timeline):
+    """thinwire's fault-tolerant step: (FaultTolerantStep, its Manager, the model to run
+    forward, its SyncState); the node is the replica group."""
+    store, port = per_step.node_store(node_group, address, local)
+    holder = {}
+    manager, pg = per_step.build_manager(
+        lighthouse=lighthouse, node=node, local_rank=local, ranks_per_node=n,
+        store_addr=address, store_port=port, hostname=address, timeout=timeout,
+        user_state=lambda: holder["ft"].user_state(),
+        load_user_state=lambda s: holder["ft"].load_user_state(s))
+    topo = per_step.topology(manager, pg, node_group, n, local, timeout)
+    timeline["manager"] = time.time()
+    sparse = dict(work.sparse)
+    if args.density is not None:
+        sparse["density"] = args.density
+    settings = sparse if args.algorithm in ("hitopk", "topk_allgather") else {}
+    state = thinwire.SyncState(topo, args.algorithm, **settings)
+    ft = holder["ft"] = per_step.FaultTolerantStep(manager, topo, state, model, optimizer,
+                                                   scheduler)
+    ft.node_store = store  # torchft's cross-node groups meet through it: alive with the step
+    return ft, manager, model, state
 
 
 if __name__ == "__main__":
