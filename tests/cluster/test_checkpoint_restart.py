@@ -7,23 +7,28 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+import subprocess
 
 import pytest
 
 from thinwire.cluster import ClusterSpec, run
 
 
-def test_a_lost_node_restarts_the_job_from_its_checkpoint(tmp_path):
+def test_a_lost_node_restarts_the_job_from_its_checkpoint(tmp_path, caplog):
+    """Also the launcher's side of a failure schedule: the node is killed (every process)
+    and started again on time, each logged, and nothing of the job outlives the run."""
     # node 1 dies 1 s into training (steps of the mlp take a few ms; a checkpoint every 10) and
     # is back 0.5 s later; the run ends at the first evaluation past 2.5 s of training time
     spec = ClusterSpec(2, 1, shaping=False, inter_node_bandwidth=None, max_restarts=2,
                        failure_schedule="node1@1s,restart@1.5s", schedule_clock="training")
     output = io.StringIO()
-    status = run(spec, ["-m", "thinwire.train", "--model", "mlp", "--epochs", "200",
-                        "--eval-every", "25", "--budget-s", "2.5", "--compute-probe-iters", "0",
-                        "--checkpoint", str(tmp_path / "ck"), "--checkpoint-every", "10",
-                        "--resume-if-present", "--summary", str(tmp_path / "summary.json")],
-                 timeout_s=240, output=output)
+    with caplog.at_level(logging.WARNING, logger="thinwire.cluster.schedule"):
+        status = run(spec, ["-m", "thinwire.train", "--model", "mlp", "--epochs", "200",
+                            "--eval-every", "25", "--budget-s", "2.5", "--compute-probe-iters",
+                            "0", "--checkpoint", str(tmp_path / "ck"), "--checkpoint-every",
+                            "10", "--resume-if-present", "--summary",
+                            str(tmp_path / "summary.json")], timeout_s=240, output=output)
     log = output.getvalue()
     assert status == 0, log[-4000:]
     resumed = [line for line in log.splitlines() if "resumed from" in line]
@@ -34,6 +39,12 @@ def test_a_lost_node_restarts_the_job_from_its_checkpoint(tmp_path):
     assert summary["stop_reason"] == "budget"
     times = [p["unix_time"] for p in summary["curve"]]
     assert times == sorted(times)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("node1 killed (every process, SIGKILL)" in m for m in messages)
+    assert any("node1 restarted" in m for m in messages)
+    left = subprocess.run(["pgrep", "-f", str(tmp_path / "ck")], capture_output=True,
+                          text=True).stdout
+    assert left == "", f"processes of the job outlived the run: {left}"
 
 
 def test_max_restarts_is_checked_and_excludes_fault_tolerance():

@@ -49,3 +49,21 @@ def test_a_fault_tolerant_job_trains_every_node_to_the_same_weights(tmp_path, ho
     assert nodes[0]["weights_sha256"] == nodes[1]["weights_sha256"]
     values = [[(c["step"], c["nodes"], c["value"]) for c in node["curve"]] for node in nodes]
     assert values[0] == values[1]
+
+
+def test_thinwire_train_fault_tolerant_runs_its_config_on_the_quorum(tmp_path):
+    """`thinwire train --fault-tolerant`: the run's own settings (model, algorithm and its
+    density, steps, evaluation, target) on the fault-tolerant loop; node 0 writes the summary."""
+    out = io.StringIO()
+    summary = tmp_path / "summary.json"
+    status = run(ClusterSpec(2, 1, shaping=False, fault_tolerant=True),
+                 ["-m", "thinwire.train", "--fault-tolerant", "--model", "mlp", "--algorithm",
+                  "hitopk", "--density", "0.1", "--max-iters", "20", "--eval-every", "10",
+                  "--target-accuracy", "0.999", "--summary", str(summary)],
+                 timeout_s=240, output=out)
+    assert status == 0, out.getvalue()[-4000:]
+    record = json.loads(summary.read_text())
+    assert record["node"] == 0 and record["algorithm"] == "hitopk" and record["model"] == "mlp"
+    assert record["step"] == record["committed"] == 20 and record["quorums"] == [[0, 2]]
+    assert [point["step"] for point in record["curve"]] == [10, 20]
+    assert record["metric"] == "test_accuracy" and record["reached"] is None

@@ -113,3 +113,24 @@ def test_the_start_barrier_waits_for_every_node_and_names_the_count():
 def test_counting_a_departed_nodes_mass_needs_the_rank_to_know_its_node():
     with pytest.raises(ValueError, match="count_departed_mass needs node"):
         per_step.FaultTolerantStep(None, None, None, None, None, count_departed_mass=True)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(algorithm="oktopk"), "--fault-tolerant runs --algorithm allreduce, hier_allreduce, "
+                               "topk_allgather, hitopk, got --algorithm oktopk"),
+    (dict(algorithm="diloco", sync_every=10), "got --algorithm diloco"),
+    (dict(checkpoint="ck"), "--checkpoint ck cannot be used with --fault-tolerant: a node "
+                            "heals from a live peer"),
+    (dict(amp="bf16"), "--amp bf16 cannot be used with --fault-tolerant"),
+    (dict(metrics="m.jsonl"), "--metrics m.jsonl cannot be used with --fault-tolerant"),
+    (dict(device="cuda"), "--fault-tolerant trains on the CPU here"),
+])
+def test_train_refuses_what_the_fault_tolerant_run_cannot_do_by_name(changes, message):
+    from thinwire.train import TrainConfig
+
+    cfg = dict(model="mlp", algorithm="hitopk", fault_tolerant=True)
+    cfg.update(changes)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        TrainConfig(**cfg).validate()
+    TrainConfig(model="mlp", algorithm="hier_allreduce", wire="bf16",
+                fault_tolerant=True).validate()  # what it runs passes

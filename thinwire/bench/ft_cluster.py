@@ -25,6 +25,7 @@ Per run:
   time over the undisturbed, the checkpoint-restart and the torchft run's, in the same repeat;
 - ``rejoin_s``: from the returning node's worker processes being created to its first quorum
   (its healing included; torchrun's own start comes before and is not counted);
+- ``kills``: nodes the schedule killed before the run ended (later events never happen);
 - ``restarts``: times checkpoint-restart resumed from its checkpoint;
 - ``rolled_back``: steps node 0 undid;
 - ``status``: the job's exit status (124: it hung past the timeout).
@@ -47,22 +48,26 @@ RUNS = ("undisturbed", "fault-tolerant", "checkpoint-restart", "torchft-ddp-fp16
 COMPARED = (("undisturbed", "vs_undisturbed"), ("checkpoint-restart", "vs_checkpoint_restart"),
             ("torchft-ddp-fp16", "vs_torchft"))
 COLUMNS = ("repeat", "run", "status", "time_to_target_s", "final",
-           *(column for _, column in COMPARED), "rejoin_s", "restarts", "rolled_back",
+           *(column for _, column in COMPARED), "rejoin_s", "kills", "restarts", "rolled_back",
            "quorums")
 MAX_RESTARTS = 20  # torchrun's restarts of the checkpoint-restart run (one per failure)
 
 
 def _fault_tolerant(spec, workload: str, algorithm: str, max_steps: int,
-                    timeout_s: float, peer: str | None = None) -> dict:
+                    timeout_s: float, peer: str | None = None,
+                    target: float | None = None, eval_every: int = 0) -> dict:
     from thinwire.cluster import run as cluster_run
 
-    how = ["--peer", peer] if peer else ["--algorithm", algorithm]
+    how = (["--peer", peer] if peer else ["--algorithm", algorithm]) + \
+        (["--target", str(target)] if target is not None else []) + \
+        (["--eval-every", str(eval_every)] if eval_every else [])
     with tempfile.TemporaryDirectory() as out:
         log = io.StringIO()
         status = cluster_run(spec, ["-m", "thinwire.train.ft_job", "--workload", workload,
                                     *how, "--max-steps", str(max_steps), "--out", out],
-                             timeout_s=timeout_s, output=log)
+                             timeout_s=timeout_s, output=log, stats_path=f"{out}/stats.json")
         nodes = {int(p.stem[4:]): json.loads(p.read_text()) for p in Path(out).glob("node*.json")}
+        kills = _kills(Path(out) / "stats.json")
     first = nodes.get(0, {})
     reached = first.get("reached")
     back = nodes.get(1, {})
@@ -71,33 +76,35 @@ def _fault_tolerant(spec, workload: str, algorithm: str, max_steps: int,
             "final": (first.get("curve") or [{}])[-1].get("value"),
             "steps": first.get("step"), "rolled_back": first.get("rolled_back"),
             "quorums": " ".join(f"{n}@{s}" for s, n in first.get("quorums", [])),
+            "kills": kills,
             "rejoin_s": back["joined_at"] - back["started_at"]
             if spec.failure_schedule and back.get("joined_at") else None,
             "log_tail": None if status == 0 else log.getvalue()[-3000:]}
 
 
 def restart_config(workload: str, algorithm: str, ranks_per_node: int, directory: str,
-                   checkpoint_every: int):
+                   checkpoint_every: int, target: float | None = None, eval_every: int = 0):
     """compare's run of the workload, checkpointing every ``checkpoint_every`` steps into
     ``directory`` and resuming from it after a restart (no budget: it runs to the target)."""
     from thinwire.train import race_config
 
     cfg = race_config.run_config(workload, algorithm, {}, ranks_per_node=ranks_per_node,
-                                 budget_s=0.0)
+                                 budget_s=0.0, target=target, eval_every=eval_every)
     # no compute probe: the fault-tolerant job has none, and a restart would repeat it
     return dataclasses.replace(cfg, checkpoint=directory, checkpoint_every=checkpoint_every,
                                resume_if_present=True, compute_probe_iters=0).validate()
 
 
 def _checkpoint_restart(spec, workload: str, algorithm: str, checkpoint_every: int,
-                        timeout_s: float) -> dict:
+                        timeout_s: float, target: float | None = None,
+                        eval_every: int = 0) -> dict:
     from thinwire.cluster import run as cluster_run
     from thinwire.output import write_json_atomic
     from thinwire.train import quality, workloads
 
     with tempfile.TemporaryDirectory() as out:
         cfg = restart_config(workload, algorithm, spec.ranks_per_node, f"{out}/checkpoint",
-                             checkpoint_every)
+                             checkpoint_every, target, eval_every)
         cfg = dataclasses.replace(cfg, summary=f"{out}/summary.json")
         write_json_atomic(f"{out}/config.json", dataclasses.asdict(cfg))
         log = io.StringIO()
@@ -107,6 +114,7 @@ def _checkpoint_restart(spec, workload: str, algorithm: str, checkpoint_every: i
             if Path(f"{out}/summary.json").is_file() else {}
         stats = json.loads(Path(f"{out}/stats.json").read_text()) \
             if Path(f"{out}/stats.json").is_file() else {}
+        kills = _kills(Path(out) / "stats.json")
     metric = quality.check_metric(workloads.WORKLOADS[workload].metric)
     curve = summary.get("curve") or []
     reached = next((p for p in curve if metric.reached(p[metric.name], summary["target"])),
@@ -115,8 +123,16 @@ def _checkpoint_restart(spec, workload: str, algorithm: str, checkpoint_every: i
     return {"status": status,
             "time_to_target_s": reached["unix_time"] - began if reached and began else None,
             "final": curve[-1][metric.name] if curve else None, "steps": summary.get("steps"),
-            "restarts": log.getvalue().count("rank 0: resumed from"),
+            "restarts": log.getvalue().count("rank 0: resumed from"), "kills": kills,
             "log_tail": None if status == 0 else log.getvalue()[-3000:]}
+
+
+def _kills(stats: Path) -> int | None:
+    """Nodes the schedule killed before the run ended (the launcher's accounting)."""
+    if not stats.is_file():
+        return None
+    return sum(event["action"] == "kill" for event in json.loads(stats.read_text())
+               .get("failures", []))
 
 
 def _ratio(a: dict, b: dict) -> float | None:
@@ -129,7 +145,8 @@ def run(workload: str = "mnist", algorithm: str = "hitopk", nodes: int = 2,
         ranks_per_node: int = 2, bandwidth: str = "100mbit",
         fail: str = "node1@5s,restart@20s", repeats: int = 3, max_steps: int = 2000,
         checkpoint_every: int = 10, timeout_s: float = 600.0,
-        runs: tuple[str, ...] = RUNS) -> dict:
+        runs: tuple[str, ...] = RUNS, target: float | None = None,
+        eval_every: int = 0) -> dict:
     from thinwire.cluster import ClusterSpec
 
     shape = dict(nodes=nodes, ranks_per_node=ranks_per_node, inter_node_bandwidth=bandwidth)
@@ -144,11 +161,14 @@ def run(workload: str = "mnist", algorithm: str = "hitopk", nodes: int = 2,
         for name in runs:
             if name == "checkpoint-restart":
                 result = _checkpoint_restart(specs[name], workload, algorithm,
-                                             checkpoint_every, timeout_s)
+                                             checkpoint_every, timeout_s, target,
+                                             eval_every)
             else:
                 result = _fault_tolerant(specs[name], workload, algorithm, max_steps, timeout_s,
-                                         peer=name if name == "torchft-ddp-fp16" else None)
-            got[name] = dict(result, repeat=repeat, run=name)
+                                         peer=name if name == "torchft-ddp-fp16" else None,
+                                         target=target, eval_every=eval_every)
+            got[name] = {**{key: None for key in COLUMNS},  # every column in every row
+                         **result, "repeat": repeat, "run": name}
         if "fault-tolerant" in got:
             ft = got["fault-tolerant"]
             for other, column in COMPARED:
@@ -169,7 +189,9 @@ def run(workload: str = "mnist", algorithm: str = "hitopk", nodes: int = 2,
                         "ranks_per_node": ranks_per_node, "inter_node_bandwidth": bandwidth,
                         "fail": fail, "schedule_clock": "training", "repeats": repeats,
                         "checkpoint_every": checkpoint_every, "runs": list(runs),
-                        "hangs": sum(r["status"] == 124 for r in rows)}}
+                        "target": target, "eval_every": eval_every,
+                        "hangs": sum(r["status"] == 124 for r in rows),
+                        "kills": sum(r.get("kills") or 0 for r in rows)}}
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -182,7 +204,8 @@ def _main(args: argparse.Namespace) -> int:
             raise SystemExit(f"--runs: {name!r} is not one of {', '.join(RUNS)}")
     result = run(args.workload, args.algorithm, args.nodes, args.ranks_per_node,
                  args.inter_node_bandwidth, args.fail, args.repeats, args.max_steps,
-                 args.checkpoint_every, runs=runs)
+                 args.checkpoint_every, runs=runs, target=args.target,
+                 eval_every=args.eval_every)
     print(format_table(result["rows"], COLUMNS))
     save_if_asked(args.json, result)
     return 0
@@ -214,6 +237,11 @@ def register(bench_subparsers) -> None:
                              "every ~45 s)")
     parser.add_argument("--runs", default=",".join(RUNS),
                         help=f"which runs of each repeat, of {', '.join(RUNS)}")
+    parser.add_argument("--target", type=float, default=None,
+                        help="the quality to reach (default: the workload's); one no run "
+                             "reaches makes every run train --max-steps steps")
+    parser.add_argument("--eval-every", type=integer(0), default=0, metavar="STEPS",
+                        help="steps between evaluations (default 0: the workload's)")
     parser.add_argument("--repeats", type=integer(1), default=3, help="repeats of the runs")
     parser.add_argument("--max-steps", type=integer(1), default=2000,
                         help="a fault-tolerant run that has not reached the target stops here")

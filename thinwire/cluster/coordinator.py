@@ -22,6 +22,11 @@ NODE_ENV = "THINWIRE_NODE"  # which node a rank's torchrun world is (its own wor
 COORDINATOR_HOST = "10.77.0.254"  # on the switch's bridge br0, beside the nodes' 10.77.0.<i+1>
 LIGHTHOUSE_PORT, STORE_PORT = 29510, 29511
 HEARTBEAT_TIMEOUT_MS = 1000  # a lost node leaves the quorum this long after its last heartbeat
+# How long a quorum waits for a live node (heartbeating) that has not asked yet. At 1 s a step
+# slower than that (4 x 1 on 2 host cores while a returning node imports torch) split the
+# nodes into successive quorums of some of them; healing between them timed out and a 45 s run
+# took 130-150 s. A dead node leaves after its heartbeat timeout, so this does not slow a loss.
+JOIN_TIMEOUT_MS = 10_000
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from torchft.coordination import LighthouseServer
 
     lighthouse = LighthouseServer(bind=f"{args.host}:{args.lighthouse_port}", min_replicas=1,
-                                  join_timeout_ms=HEARTBEAT_TIMEOUT_MS,
+                                  join_timeout_ms=JOIN_TIMEOUT_MS,
                                   heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
     store = TCPStore(args.host, args.store_port, is_master=True, wait_for_workers=False)
     stop = threading.Event()

@@ -90,6 +90,12 @@ class CompareSettings:
 
     def validate(self) -> "CompareSettings":
         wl = workloads.check_workload(self.workload)
+        for name in ("fault_tolerant", "max_restarts"):
+            if self.resources.get(name):
+                raise ValueError(f"--{name.replace('_', '-')}: compare does not race through "
+                                 f"failures yet; `thinwire bench ft-cluster` races "
+                                 f"fault-tolerant training against checkpoint-restart and "
+                                 f"torchft")
         if not self.algorithms:
             raise ValueError("--algorithms must name at least one algorithm")
         for name in self.algorithms:

@@ -66,6 +66,9 @@ def _validate(self) -> "TrainConfig":
     if self.waves == 2:
         from thinwire.wavelet.schedule import check_train_config
         check_train_config(self)
+    if self.fault_tolerant:
+        from thinwire.train.ft_check import check_train_config as check_fault_tolerant
+        check_fault_tolerant(self)
     return self
 
 

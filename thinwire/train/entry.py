@@ -25,6 +25,9 @@ from thinwire.wavelet import loop as wave_loop
 def train(cfg: TrainConfig) -> dict:
     """Run ``cfg`` in its mode; the summary on rank 0 (an empty dict on other ranks)."""
     cfg.validate()
+    if cfg.fault_tolerant:
+        from thinwire.train import ft_job
+        return ft_job.train(cfg)
     return wave_loop.train(cfg) if cfg.waves == 2 else loop.train(cfg)
 
 

@@ -1,6 +1,8 @@
-"""`python -m thinwire.train.ft_job`: a compare workload trained with fault-tolerant per-step
-synchronisation (thinwire.ft.per_step) on `thinwire cluster run --fault-tolerant`, where nodes
-may vanish and come back (`--fail`) while the others train on.
+"""Fault-tolerant per-step training (thinwire.ft.per_step) of one run on `thinwire cluster run
+--fault-tolerant`, where nodes may vanish and come back (`--fail`) while the others train on:
+`thinwire train --fault-tolerant` (:func:`train`, a TrainConfig's run) and
+`python -m thinwire.train.ft_job` (:func:`main`, a compare workload's run with compare's
+recipe, and the torchft peer of `thinwire bench ft-cluster`).
 
 Each node is its own torchrun world; ranks find torchft's Lighthouse and the job store through
 the environment the launcher sets (`thinwire.cluster.coordinator`). Every rank trains the
@@ -11,13 +13,14 @@ its schedule (warm-up, cosine) and the model's start are `thinwire train`'s for 
 (`setup_run`), as compare runs it; the schedule steps with each committed step and heals
 with the model.
 
-Every ``--eval-every`` committed steps each node's local rank 0 evaluates on the workload's
-test set. Committed steps leave every node with the same model, so every node measures the same
-value at the same step; the nodes stop together at the first evaluation that reaches the
-target (or at ``--max-steps``). Training time counts from the start barrier (every node up),
-evaluation excluded. Each node's local rank 0 writes ``OUT/node<i>.json``: its curve, the
-quorums it saw, its committed and rolled-back steps, and when it joined. A node that came back
-writes there when it finishes (the file of its earlier life is replaced).
+Every ``eval_every`` committed steps each node evaluates on the test set, shared by its ranks.
+Committed steps leave every node with the same model, so every node measures the same value at
+the same step; with ``stop_at_target`` the nodes stop together at the first evaluation that
+reaches the target (else at the last step). Training time counts from the start barrier (every
+node up), evaluation excluded. Each node's local rank 0 writes its record: its curve, the
+quorums it saw, its committed and rolled-back steps, when it joined and a digest of its
+weights (ft_job: ``OUT/node<i>.json`` on every node; train: ``--summary`` on node 0). A node
+that came back writes there when it finishes (the file of its earlier life is replaced).
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from thinwire.cluster.coordinator import LIGHTHOUSE_ENV, NODE_ENV, STORE_ENV  # 
 from thinwire.ft import per_step  # noqa: E402
 from thinwire.output import write_json_atomic  # noqa: E402
 from thinwire.train import data as data_sets  # noqa: E402
-from thinwire.train import ft_ddp_peer, models, quality, workloads  # noqa: E402
+from thinwire.train import ft_ddp_peer, models, quality, race_config, workloads  # noqa: E402
+from thinwire.train.grad_sync import sync_options  # noqa: E402
 from thinwire.train.config import TrainConfig  # noqa: E402
 from thinwire.train.loop import evaluate, say_training_started, setup_run  # noqa: E402
 
@@ -72,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, choices=list(models.MODELS),
                    help="another model (and its data) than the workload's, e.g. mlp for a "
                         "quick check")
-    p.add_argument("--eval-every", type=int, default=None, help="default: the workload's")
+    p.add_argument("--eval-every", type=int, default=0, help="default: the workload's")
     p.add_argument("--max-steps", type=int, default=2000)
     p.add_argument("--finish-with-every-node", action="store_true",
                    help="past --max-steps, go on until a step commits with every node in the "
@@ -89,20 +93,42 @@ def main(argv: list[str] | None = None) -> int:
     per_step.check_algorithm(args.algorithm)
     if args.peer and args.density is not None:
         raise SystemExit(f"--density applies to thinwire's algorithms, not --peer {args.peer}")
-    work = workloads.check_workload(args.workload)
-    target = work.target if args.target is None else args.target
-    metric = quality.check_metric(work.metric)
-    model_name = args.model or work.model
-    eval_every = args.eval_every or work.eval_every
-    if eval_every < 1 or args.max_steps < 1:
-        raise SystemExit(f"--eval-every and --max-steps must be >= 1, got {eval_every} and "
-                         f"{args.max_steps}")
+    if args.eval_every < 0 or args.max_steps < 1:
+        raise SystemExit(f"--eval-every must be >= 0 and --max-steps >= 1, got "
+                         f"{args.eval_every} and {args.max_steps}")
+    overrides = {**({"model": args.model} if args.model else {}),
+                 **({"density": args.density} if args.density is not None else {}),
+                 "collective_timeout_s": args.timeout, "fault_tolerant": True}
+    # compare's recipe for the workload (its optimizer, warm-up and cosine schedule, batches)
+    cfg = race_config.run_config(args.workload, "allreduce" if args.peer else args.algorithm,
+                                 overrides, ranks_per_node=1, target=args.target, budget_s=0.0,
+                                 eval_every=args.eval_every).validate()
+    return _run(cfg, timeline, out=Path(args.out), peer=args.peer, max_steps=args.max_steps,
+                finish_with_every_node=args.finish_with_every_node)
+
+
+def train(cfg: TrainConfig) -> dict:
+    """`thinwire train --fault-tolerant`: ``cfg`` (validated) run with fault-tolerant per-step
+    synchronisation; node 0's local rank 0 writes ``cfg.summary``. Returns its record on the
+    ranks that write one, else an empty dict."""
+    record = {}
+    _run(cfg, {"imported": time.time()}, summary=cfg.summary, record=record)
+    return record
+
+
+def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
+         summary: str | None = None, peer: str | None = None, max_steps: int = 0,
+         finish_with_every_node: bool = False, record: dict | None = None) -> int:
     lighthouse, store_at = os.environ.get(LIGHTHOUSE_ENV), os.environ.get(STORE_ENV)
     if not lighthouse or not store_at:
         raise SystemExit(f"{LIGHTHOUSE_ENV} / {STORE_ENV} are not set: run this under "
                          "`thinwire cluster run --fault-tolerant`")
     node, nodes = int(os.environ[NODE_ENV]), int(os.environ["THINWIRE_NODES"])
-    timeout = timedelta(seconds=args.timeout)
+    timeout = timedelta(seconds=cfg.collective_timeout_s)
+    language = models.data_name(cfg.model) == "stdlib_text"
+    metric = quality.check_metric("bits_per_byte" if language and cfg.target_accuracy is None
+                                  else "test_accuracy")
+    target = cfg.target_bits_per_byte if metric.name == "bits_per_byte" else cfg.target_accuracy
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timeout)
     timeline["node_group"] = time.time()
@@ -110,19 +136,15 @@ def main(argv: list[str] | None = None) -> int:
     node_group = dist.new_group(list(range(n)), timeout=timeout)
     store_host, store_port = store_at.rsplit(":", 1)
     address = per_step.own_address(store_host)
-
-    # compare's recipe for the workload (`thinwire train`'s set-up: SGD with momentum and
-    # weight decay, warm-up and cosine over the workload's epochs), the same start everywhere
-    cfg = TrainConfig(model=model_name, epochs=work.epochs, batch_size=work.batch_size,
-                      lr=work.lr, algorithm="allreduce" if args.peer else args.algorithm
-                      ).validate()
     place, world = node * n + local, nodes * n  # this rank's shard of the full cluster's data
-    dataset, model, _, _, optimizer, scheduler = setup_run(cfg, place, world,
-                                                          torch.device("cpu"))
+    dataset, model, steps_per_epoch, total_steps, optimizer, scheduler = setup_run(
+        cfg, place, world, torch.device("cpu"))
+    eval_every = cfg.eval_every or steps_per_epoch
+    max_steps = max_steps or cfg.max_iters or total_steps
     timeline["model_and_data"] = time.time()
     job = dist.TCPStore(store_host, int(store_port), is_master=False, timeout=timeout)
     params = list(model.parameters())
-    if args.peer:
+    if peer:
         ft = ft_ddp_peer.TorchftDDPStep(lighthouse=lighthouse, place=place, address=address,
                                         timeout=timeout, model=model, optimizer=optimizer,
                                         scheduler=scheduler, ranks_per_node=n)
@@ -130,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         timeline["manager"] = time.time()
         per_step.wait_for_nodes(job, nodes * n, timeout)  # every process is a replica group
     else:
-        ft, manager, forward, state = _thinwire_step(args, work, node, n, local, lighthouse,
+        ft, manager, forward, state = _thinwire_step(cfg, node, n, local, lighthouse,
                                                      node_group, address, timeout, model,
                                                      optimizer, scheduler, timeline)
         if local == 0:
@@ -148,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     training_s, eval_s, reached = 0.0, 0.0, None
     try:
         while True:
-            if manager.current_step() >= args.max_steps and (
-                    not args.finish_with_every_node or (events and events[-1][3]
+            if manager.current_step() >= max_steps and (
+                    not finish_with_every_node or (events and events[-1][3]
                                                         and ft.nodes == nodes)):
                 break
             tick = time.time()
@@ -158,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                 joined_at = timeline["first_quorum"] = time.time()
             step = manager.current_step()
             while len(batches) <= step:
-                batches += data_sets.rank_batches(len(dataset.train_x), work.batch_size, place,
-                                                  world, 0, epoch)
+                batches += data_sets.rank_batches(len(dataset.train_x), cfg.batch_size, place,
+                                                  world, cfg.seed, epoch)
                 epoch += 1
             index = batches[step]
             loss, _, _ = models.loss_and_correct(forward, dataset.train_x[index],
@@ -181,29 +203,37 @@ def main(argv: list[str] | None = None) -> int:
                 curve.append({"step": manager.current_step(), "nodes": ft.nodes,
                               "wall_s": time.time() - began - eval_s, "value": value,
                               "unix_time": time.time()})
-                if metric.reached(value, target):
+                if reached is None and target is not None and metric.reached(value, target):
                     reached = curve[-1]
-                    break
+                    if cfg.stop_at_target:
+                        break
         job.set(DONE_KEY, str(manager.current_step()))  # a node back from now on has no job
-        if local == 0:
-            write_json_atomic(Path(args.out) / f"node{node}.json", {
-                "node": node, "workload": work.name, "algorithm": args.peer or args.algorithm,
+        if local == 0 and (out is not None or (summary and node == 0)):
+            result = {
+                "node": node, "model": cfg.model, "algorithm": peer or cfg.algorithm,
                 "target": target, "metric": metric.name, "reached": reached,
+                "time_to_target_s": reached["wall_s"] if reached else None,
                 "step": manager.current_step(), "committed": sum(e[3] for e in events),
                 "rolled_back": ft.rolled_back, "quorums": ft.quorums,
-                "started_at": STARTED_AT, "began_at": began, "joined_at": joined_at,
+                "departures": ft.departures, "started_at": STARTED_AT, "began_at": began,
+                "joined_at": joined_at,
                 "timeline_s": {k: v - STARTED_AT for k, v in timeline.items()},
-                "curve": curve, "events": events, "eval_s": eval_s,
+                "curve": curve, "events": events, "eval_s": eval_s, "train_time_s": training_s,
                 # every node that trained to the end holds the same weights: compared by digest
                 "weights_sha256": hashlib.sha256(b"".join(
-                    t.detach().contiguous().numpy().tobytes() for t in params)).hexdigest()})
+                    t.detach().contiguous().numpy().tobytes() for t in params)).hexdigest()}
+            write_json_atomic(out / f"node{node}.json" if out is not None else summary, result)
+            if record is not None:
+                record.update(result)
     finally:
         manager.shutdown(wait=False)
         dist.destroy_process_group()
     return 0
 
 
-def _thinwire_step(args, work, node, n, local, lighthouse, node_group, address, timeout,
+
+
+def _thinwire_step(cfg, node, n, local, lighthouse, node_group, address, timeout,
                    model, optimizer, scheduler, timeline):
     """thinwire's fault-tolerant step: (FaultTolerantStep, its Manager, the model to run
     forward, its SyncState); the node is the replica group."""
@@ -216,11 +246,12 @@ def _thinwire_step(args, work, node, n, local, lighthouse, node_group, address, 
         load_user_state=lambda s: holder["ft"].load_user_state(s))
     topo = per_step.topology(manager, pg, node_group, n, local, timeout)
     timeline["manager"] = time.time()
-    sparse = dict(work.sparse)
-    if args.density is not None:
-        sparse["density"] = args.density
-    settings = sparse if args.algorithm in ("hitopk", "topk_allgather") else {}
-    state = thinwire.SyncState(topo, args.algorithm, **settings)
+    # the run's settings, as `thinwire train` hands them to its hook (grad_sync.register)
+    state = thinwire.SyncState(
+        topo, cfg.algorithm, density=cfg.density, selector=cfg.selector, wire=cfg.wire,
+        sparse_wire=cfg.sparse_wire, dense_iterations=cfg.dense_warmup_steps,
+        density_warmup_steps=cfg.density_warmup_steps,
+        density_warmup_from=cfg.density_warmup_from, algorithm_options=sync_options(cfg))
     ft = holder["ft"] = per_step.FaultTolerantStep(manager, topo, state, model, optimizer,
                                                    scheduler)
     ft.node_store = store  # torchft's cross-node groups meet through it: alive with the step

@@ -220,6 +220,9 @@ SETTINGS: tuple[Setting, ...] = (
       low=0, metavar="STEPS"),
     S("resume", str, None, "continue from this checkpoint directory", optional=True,
       metavar="DIR"),
+    S("fault_tolerant", bool, False, "go on when a node vanishes and heal it when it comes "
+      "back, without a restart (torchft's quorum; allreduce, hier_allreduce, topk_allgather "
+      "or hitopk): launch it with `thinwire cluster run --fault-tolerant`"),
     S("resume_if_present", bool, False, "continue from --checkpoint's directory when it holds "
       "checkpoints, start afresh when it holds none: one command line for the first start and "
       "torchrun's restarts (--max-restarts)"),
