@@ -28,13 +28,12 @@ def test_a_fault_tolerant_node_is_a_world_of_its_own():
         ClusterSpec(2, 1, fault_tolerant="yes")
 
 
-@pytest.mark.parametrize("how", [["--algorithm", "topk_allgather"],
-                                 ["--peer", "torchft-ddp-fp16"]], ids=["thinwire", "torchft"])
-def test_a_fault_tolerant_job_trains_every_node_to_the_same_weights(tmp_path, how):
-    """2 nodes x 1 rank, topk_allgather (the all-gather over the world composed of the node's
-    group and torchft's cross-node group), and the torchft fp16 DDP peer (each process its own
-    replica group): both nodes commit every step together and end with the same weights; the
-    coordinator is gone with the job."""
+def test_the_torchft_peer_job_trains_every_node_to_the_same_weights(tmp_path):
+    """`python -m thinwire.train.ft_job --peer torchft-ddp-fp16` (torchft's fp16 DDP, each
+    process its own replica group), 2 nodes x 1 rank: both nodes commit every step together
+    and end with the same weights; the coordinator is gone with the job. thinwire's own
+    fault-tolerant step runs the same loop below (`thinwire train --fault-tolerant`)."""
+    how = ["--peer", "torchft-ddp-fp16"]
     out = io.StringIO()
     status = run(ClusterSpec(2, 1, shaping=False, fault_tolerant=True),
                  ["-m", "thinwire.train.ft_job", "--model", "mlp", *how, "--eval-every", "10",
@@ -53,17 +52,20 @@ def test_a_fault_tolerant_job_trains_every_node_to_the_same_weights(tmp_path, ho
 
 def test_thinwire_train_fault_tolerant_runs_its_config_on_the_quorum(tmp_path):
     """`thinwire train --fault-tolerant`: the run's own settings (model, algorithm and its
-    density, steps, evaluation, target) on the fault-tolerant loop; node 0 writes the summary."""
+    density, steps, evaluation, target) on the fault-tolerant loop; node 0 writes the summary.
+    topk_allgather: its all-gather crosses the world composed of the node's group and
+    torchft's cross-node group."""
     out = io.StringIO()
     summary = tmp_path / "summary.json"
     status = run(ClusterSpec(2, 1, shaping=False, fault_tolerant=True),
                  ["-m", "thinwire.train", "--fault-tolerant", "--model", "mlp", "--algorithm",
-                  "hitopk", "--density", "0.1", "--max-iters", "20", "--eval-every", "10",
-                  "--target-accuracy", "0.999", "--summary", str(summary)],
+                  "topk_allgather", "--density", "0.1", "--max-iters", "20", "--eval-every",
+                  "10", "--target-accuracy", "0.999", "--summary", str(summary)],
                  timeout_s=240, output=out)
     assert status == 0, out.getvalue()[-4000:]
     record = json.loads(summary.read_text())
-    assert record["node"] == 0 and record["algorithm"] == "hitopk" and record["model"] == "mlp"
+    assert record["node"] == 0 and record["algorithm"] == "topk_allgather"
+    assert record["model"] == "mlp" and record["weights_sha256"]
     assert record["step"] == record["committed"] == 20 and record["quorums"] == [[0, 2]]
     assert [point["step"] for point in record["curve"]] == [10, 20]
     assert record["metric"] == "test_accuracy" and record["reached"] is None
