@@ -34,8 +34,13 @@ def test_resume_continues_exactly(tmp_path, algorithm):
     if algorithm == "hitopk":  # the residuals travel in the checkpoint
         assert saved["hook"]["feedback"]
     resumed = _run(tmp_path, "resumed", algorithm=algorithm, resume=str(tmp_path / "resumed"))
-    assert resumed["steps"] == 8
-    a, b = _weights(tmp_path / "straight"), _weights(tmp_path / "resumed")
+    _same_as_straight(tmp_path, straight, resumed, "resumed")
+
+
+def _same_as_straight(tmp_path, straight: dict, resumed: dict, name: str) -> None:
+    """The resumed run ended where the uninterrupted one did: steps, weights, curve."""
+    assert resumed["steps"] == straight["steps"] == 8
+    a, b = _weights(tmp_path / "straight"), _weights(tmp_path / name)
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
     assert [p["test_accuracy"] for p in straight["curve"]] == \
@@ -88,12 +93,7 @@ def test_resume_if_present_starts_afresh_then_resumes_with_the_same_command_line
     first = _run(tmp_path, "again", stop_after=5, resume_if_present=True)  # empty: afresh
     assert first["steps"] == 5
     resumed = _run(tmp_path, "again", resume_if_present=True)  # holds step 5: resumes
-    assert resumed["steps"] == 8
-    a, b = _weights(tmp_path / "straight"), _weights(tmp_path / "again")
-    for key in a["model"]:
-        assert torch.equal(a["model"][key], b["model"][key]), key
-    assert [p["test_accuracy"] for p in straight["curve"]] == \
-        [p["test_accuracy"] for p in resumed["curve"]]
+    _same_as_straight(tmp_path, straight, resumed, "again")
 
 
 @pytest.mark.parametrize("changes, message", [
