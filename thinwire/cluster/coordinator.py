@@ -6,7 +6,8 @@ job store, in a process of their own beside the nodes, so that losing any node l
 127.0.0.1 without shaping. Each node is then its own torchrun world; its ranks find the
 coordinator through ``THINWIRE_FT_LIGHTHOUSE`` (``http://HOST:PORT``) and ``THINWIRE_FT_STORE``
 (``HOST:PORT``, a TCPStore: the start barrier of ``thinwire.ft.per_step.wait_for_nodes``).
-It prints one line ``ready`` when both listen, and runs until it is terminated.
+It prints one line ``ready LIGHTHOUSE_PORT STORE_PORT`` when both listen (port 0 asks the OS
+for free ones), and runs until it is terminated.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    print("ready", flush=True)
+    # the ports it listens on (0 given: the OS chose them, with no window for another
+    # process to take one between choosing and binding)
+    print(f"ready {lighthouse.address().rsplit(':', 1)[1]} {store.port}", flush=True)
     try:
         stop.wait()
     finally:

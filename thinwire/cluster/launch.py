@@ -463,7 +463,7 @@ class _Nodes:
             sh("ip", "-n", self.network.switch_ns, "addr", "add", f"{host}/24", "dev", "br0")
             prefix = ["ip", "netns", "exec", self.network.switch_ns]
         else:
-            host, lighthouse_port, store_port, prefix = "127.0.0.1", free_port(), free_port(), []
+            host, lighthouse_port, store_port, prefix = "127.0.0.1", 0, 0, []  # the OS's
         proc = subprocess.Popen(
             prefix + [sys.executable, "-m", "thinwire.cluster.coordinator", "--host", host,
                       "--lighthouse-port", str(lighthouse_port), "--store-port",
@@ -472,11 +472,13 @@ class _Nodes:
             stdin=subprocess.DEVNULL, start_new_session=True, bufsize=1, errors="replace")
         self.helpers.append(proc)
         ready = threading.Event()
+        ports: list[str] = []
 
         def relay() -> None:  # its "ready", then the quorum changes and problems it logs
             assert proc.stdout is not None
             for line in proc.stdout:
-                if line.strip() == "ready":
+                if line.startswith("ready "):  # "ready LIGHTHOUSE_PORT STORE_PORT"
+                    ports.extend(line.split()[1:3])
                     ready.set()
                     continue
                 if "[INFO]" in line and "quorum change" not in line:
@@ -492,6 +494,7 @@ class _Nodes:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the fault-tolerant job's coordinator did not start "
                                    f"(status {proc.poll()})")
+        lighthouse_port, store_port = ports
         self.coordinator_env = {coordinator.LIGHTHOUSE_ENV: f"http://{host}:{lighthouse_port}",
                                 coordinator.STORE_ENV: f"{host}:{store_port}"}
 
