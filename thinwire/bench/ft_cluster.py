@@ -67,7 +67,7 @@ def _fault_tolerant(spec, workload: str, algorithm: str, max_steps: int,
                                     *how, "--max-steps", str(max_steps), "--out", out],
                              timeout_s=timeout_s, output=log, stats_path=f"{out}/stats.json")
         nodes = {int(p.stem[4:]): json.loads(p.read_text()) for p in Path(out).glob("node*.json")}
-        kills = _kills(Path(out) / "stats.json")
+        kills = _kills(_read_json(Path(out) / "stats.json"))
     first = nodes.get(0, {})
     reached = first.get("reached")
     back = nodes.get(1, {})
@@ -110,11 +110,10 @@ def _checkpoint_restart(spec, workload: str, algorithm: str, checkpoint_every: i
         log = io.StringIO()
         status = cluster_run(spec, ["-m", "thinwire.train", "--config", f"{out}/config.json"],
                              timeout_s=timeout_s, output=log, stats_path=f"{out}/stats.json")
-        summary = json.loads(Path(f"{out}/summary.json").read_text()) \
-            if Path(f"{out}/summary.json").is_file() else {}
-        stats = json.loads(Path(f"{out}/stats.json").read_text()) \
-            if Path(f"{out}/stats.json").is_file() else {}
-        kills = _kills(Path(out) / "stats.json")
+        summary = _read_json(Path(out) / "summary.json") or {}
+        stats = _read_json(Path(out) / "stats.json")
+        kills = _kills(stats)
+        stats = stats or {}
     metric = quality.check_metric(workloads.WORKLOADS[workload].metric)
     curve = summary.get("curve") or []
     reached = next((p for p in curve if metric.reached(p[metric.name], summary["target"])),
@@ -127,12 +126,16 @@ def _checkpoint_restart(spec, workload: str, algorithm: str, checkpoint_every: i
             "log_tail": None if status == 0 else log.getvalue()[-3000:]}
 
 
-def _kills(stats: Path) -> int | None:
+def _read_json(path: Path) -> dict | None:
+    """A file the run wrote, or None where it wrote none (it failed first)."""
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _kills(stats: dict | None) -> int | None:
     """Nodes the schedule killed before the run ended (the launcher's accounting)."""
-    if not stats.is_file():
+    if stats is None:
         return None
-    return sum(event["action"] == "kill" for event in json.loads(stats.read_text())
-               .get("failures", []))
+    return sum(event["action"] == "kill" for event in stats.get("failures", []))
 
 
 def _ratio(a: dict, b: dict) -> float | None:
