@@ -82,6 +82,110 @@ def test_a_state_crosses_a_gloo_group_bit_identical():
     assert _same(result[1], state)
 
 
+def _node_state(local_rank: int):
+    """A Manager's state as a node's rank holds it: model, optimizer and schedule alike on
+    every rank of the node, the SyncState its own."""
+    g = torch.Generator().manual_seed(1)
+    model = {"w": torch.randn(37, 5, generator=g), "b": torch.randn(3, generator=g).double(),
+             "none": torch.zeros(0)}
+    optimizer = {"state": {0: {"momentum_buffer": torch.randn(37, 5, generator=g)}},
+                 "param_groups": [{"lr": 0.1, "params": [0]}]}
+    sync = {"step": 10 + local_rank, "threshold": torch.full((3,), float(local_rank))}
+    return {"user": {"default": {"model": model, "optimizer": optimizer,
+                                 "scheduler": {"last_epoch": 4}, "sync": sync}},
+            "torchft": {"step": 12, "batches_committed": 48}}
+
+
+class _CountingGroup:
+    """A process group that counts the bytes its sends carry."""
+
+    def __init__(self, pg, counts: list):
+        self._pg, self._counts = pg, counts
+
+    def send(self, tensors, dst, tag):
+        self._counts.append(sum(t.numel() * t.element_size() for t in tensors))
+        return self._pg.send(tensors, dst, tag)
+
+    def __getattr__(self, name):
+        return getattr(self._pg, name)
+
+
+def _two_nodes(receive, silent_donor: int | None = None, step: int = 12):
+    """Node 0 (two ranks) sends its state to node 1 (two ranks), local rank j to local rank j
+    over their own group, as torchft pairs them; node 1's ranks share the state's common part
+    over their node's group (``silent_donor``: that local rank of node 0 sends nothing). Returns
+    (received by local rank, errors, bytes each donor sent)."""
+    from thinwire.ft.per_step import node_shared
+
+    cross = [dist.HashStore() for _ in range(2)]
+    nodes = [dist.HashStore() for _ in range(2)]
+    result, errors, sent = {}, [], {0: [], 1: []}
+
+    def run(node, local):
+        try:
+            node_group = dist.ProcessGroupGloo(nodes[node], local, 2, TIMEOUT)
+            pg = dist.ProcessGroupGloo(cross[local], node, 2, TIMEOUT)
+            transport = st.DataOnlyTransport(
+                _CountingGroup(pg, sent[local]), TIMEOUT,
+                own_state=lambda: _node_state(local), node_group=node_group,
+                node_shared=node_shared)
+            if node == 0 and local != silent_donor:
+                transport.send_checkpoint([1], step, _node_state(local), TIMEOUT)
+            elif node == 1:
+                result[local] = receive(transport, local)
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+    threads = [threading.Thread(target=run, args=(n, j)) for n in range(2) for j in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    return result, errors, sent
+
+
+def test_a_nodes_common_state_crosses_once_split_across_its_ranks():
+    """Every rank gets its donor's state bit-identical; the model and optimizer crossed once
+    for the node (each donor sent half of them), the SyncState whole to each rank."""
+    result, errors, sent = _two_nodes(
+        lambda transport, local: transport.recv_checkpoint(0, "thinwire-state/1", 12, TIMEOUT))
+    assert not errors, errors
+    for local in range(2):
+        assert _same(result[local], _node_state(local))
+    common = sum(t.numel() * t.element_size() for part in ("model", "optimizer")
+                 for _, t in st.flatten(_node_state(0)["user"]["default"][part])
+                 if isinstance(t, torch.Tensor))
+    per_rank = 3 * 4  # the SyncState's threshold
+    for local in range(2):
+        headers = sum(sent[local][:2])
+        assert sum(sent[local]) - headers <= common / 2 + 64 + per_rank, sent[local]
+
+
+def test_at_step_0_a_rank_heals_alone_with_the_whole_state():
+    """torchft's init_sync heals rank by rank at step 0 (local rank 1 here is its rank's
+    primary and fetches nothing): the state travels whole, nobody waits on a node-mate."""
+    def receive(transport, local):
+        if local == 0:
+            return transport.recv_checkpoint(0, "thinwire-state/1", 0, TIMEOUT)
+    result, errors, _ = _two_nodes(receive, silent_donor=1, step=0)
+    assert not errors, errors
+    assert _same(result[0], _node_state(0)) and result[1] is None
+
+
+def test_one_ranks_failed_part_fails_every_rank_of_the_node_within_the_timeout():
+    """Local rank 1's donor is gone (it sends nothing; its receiver's wait fails at once);
+    rank 0's part arrives, but it must not use a state half of which is missing: both fail,
+    neither hangs."""
+    def receive(transport, local):
+        if local == 1:  # what a lost donor looks like to this rank, without the wait
+            transport._pg = None
+        return transport.recv_checkpoint(0, "thinwire-state/1", 12, TIMEOUT)
+
+    result, errors, _ = _two_nodes(receive, silent_donor=1)
+    assert not result and len(errors) == 2, errors
+    assert any("healing failed on local rank(s) [1]" in str(e) for e in errors), errors
+
+
 def _on(device, state):
     if isinstance(state, torch.Tensor):
         return state.to(device)
@@ -203,3 +307,17 @@ def test_a_shape_of_many_huge_dimensions_is_refused_quickly():
         st.parse_header(_header([{"path": [["d", "w"]], "kind": "tensor", "dtype": "float32",
                                   "shape": [2**47] * 16}]), 12, 10**6)
     assert time.monotonic() - start < 5
+
+
+def test_a_state_split_otherwise_than_this_node_expects_is_refused():
+    """A whole state where the node expects slice 0 of 2, slice 1 where it expects 0, and a
+    split where it expects the whole: refused by the header, before any tensor."""
+    split = json.dumps({"format": "thinwire-state/1", "step": 12, "leaves": [],
+                        "slice": 1, "slices": 2}).encode()
+    with pytest.raises(st.UnsafeState, match="split as"):
+        st.parse_header(_header([]), 12, 10**6, slices=(0, 2))
+    with pytest.raises(st.UnsafeState, match="split as"):
+        st.parse_header(split, 12, 10**6, slices=(0, 2))
+    with pytest.raises(st.UnsafeState, match="split as"):
+        st.parse_header(split, 12, 10**6)
+    assert st.parse_header(split, 12, 10**6, slices=(1, 2)) == []

@@ -88,7 +88,8 @@ def main() -> int:
         lighthouse=args.lighthouse, node=args.node, local_rank=local, ranks_per_node=n,
         store_addr="127.0.0.1", store_port=port, hostname="127.0.0.1", timeout=timeout,
         user_state=lambda: holder["ft"].user_state(),
-        load_user_state=lambda s: holder["ft"].load_user_state(s))
+        load_user_state=lambda s: holder["ft"].load_user_state(s),
+        node_group=node_group)
     topo = per_step.topology(manager, pg, node_group, n, local, timeout)
     if local == 0:
         job = dist.TCPStore("127.0.0.1", args.job_store_port, is_master=False, timeout=timeout)

@@ -124,12 +124,25 @@ def node_store(node_group, address: str, local_rank: int):
     return store, int(port)
 
 
+NODE_SHARED = ("model", "optimizer", "scheduler")  # FaultTolerantStep.user_state's parts that
+# every rank of a node holds alike (the SyncState differs by rank)
+
+
+def node_shared(path: tuple) -> bool:
+    """Whether a path of the Manager's state (``user/default/...``: torchft keeps the user
+    state under the key ``default``) is one every rank of a node holds alike."""
+    return len(path) >= 3 and path[0] == ("d", "user") and path[1] == ("d", "default") \
+        and path[2] in {("d", part) for part in NODE_SHARED}
+
+
 def build_manager(*, lighthouse: str, node: int, local_rank: int, ranks_per_node: int,
                   store_addr: str, store_port: int, hostname: str, timeout: timedelta,
-                  user_state, load_user_state, min_nodes: int = 1):
+                  user_state, load_user_state, min_nodes: int = 1, node_group=None):
     """(torchft Manager, its cross-node process group) for one rank of node ``node``: a
     synchronous quorum, healing through the data-only transport, ``init_sync`` so that every
-    node starts from the first one's weights."""
+    node starts from the first one's weights. With ``node_group`` (the node's ranks' group) a
+    joining node fetches its model, optimizer and schedule once, split across its ranks
+    (thinwire.ft.state_transfer)."""
     from torchft import Manager, ProcessGroupGloo
 
     from thinwire.ft.state_transfer import DataOnlyTransport
@@ -139,7 +152,9 @@ def build_manager(*, lighthouse: str, node: int, local_rank: int, ranks_per_node
     # the transport measures a peer's header against this replica's own state (the Manager's
     # full state dict: torchft's private _manager_state_dict is the one call that returns it)
     transport = DataOnlyTransport(pg, timeout,
-                                  own_state=lambda: built["manager"]._manager_state_dict())
+                                  own_state=lambda: built["manager"]._manager_state_dict(),
+                                  node_group=node_group,
+                                  node_shared=node_shared if node_group is not None else None)
     manager = built["manager"] = Manager(
         pg=pg, checkpoint_transport=transport, load_state_dict=load_user_state,
         state_dict=user_state, min_replica_size=min_nodes, use_async_quorum=False,

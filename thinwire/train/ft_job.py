@@ -243,7 +243,8 @@ def _thinwire_step(cfg, node, n, local, lighthouse, node_group, address, timeout
         lighthouse=lighthouse, node=node, local_rank=local, ranks_per_node=n,
         store_addr=address, store_port=port, hostname=address, timeout=timeout,
         user_state=lambda: holder["ft"].user_state(),
-        load_user_state=lambda s: holder["ft"].load_user_state(s))
+        load_user_state=lambda s: holder["ft"].load_user_state(s),
+        node_group=node_group)
     topo = per_step.topology(manager, pg, node_group, n, local, timeout)
     timeline["manager"] = time.time()
     # the run's settings, as `thinwire train` hands them to its hook (grad_sync.register)
