@@ -134,3 +134,83 @@ def test_train_refuses_what_the_fault_tolerant_run_cannot_do_by_name(changes, me
         TrainConfig(**cfg).validate()
     TrainConfig(model="mlp", algorithm="hier_allreduce", wire="bf16",
                 fault_tolerant=True).validate()  # what it runs passes
+
+
+class _Quorum:
+    """A Manager whose quorum holds ``nodes`` nodes, every step committing."""
+
+    def __init__(self, nodes: int):
+        self.nodes, self.committed, self.step = nodes, 0, 0
+
+    def start_quorum(self):
+        pass
+
+    def participating_rank(self):
+        return 0
+
+    def num_participants(self):
+        return self.nodes
+
+    def current_step(self):
+        return self.step
+
+    def should_commit(self):  # torchft adds the step's nodes to batches_committed
+        self.committed += self.nodes
+        self.step += 1
+        return True
+
+    def batches_committed(self):
+        return self.committed
+
+
+class _NoSync:
+    algorithm = "allreduce"
+
+    def snapshot(self):
+        return "snapshot"
+
+
+def test_a_run_with_nodes_away_counts_samples_for_its_schedule_and_its_data():
+    """A job of 4 nodes x 2 ranks: steps of 4, 4, 2, 2 and 4 nodes are 4 full steps; the
+    schedule stands where 4 full steps put it, and the next batch of local rank 1 of the
+    quorum's node 1 starts past the 16 node-batches trained. With every node there, the
+    schedule steps exactly as it does once a step."""
+    from types import SimpleNamespace
+
+    from thinwire.optim.schedules import warmup_cosine
+
+    def run(counts):
+        model = _model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        scheduler = warmup_cosine(optimizer, total_steps=10, warmup_steps=2)
+        manager = _Quorum(4)
+        topology = SimpleNamespace(local_rank=1, ranks_per_node=2, world_size=8, rank=1,
+                                   nodes=4)
+        ft = per_step.FaultTolerantStep(manager, topology, _NoSync(), model, optimizer,
+                                        scheduler, job_nodes=4)
+        for count in counts:
+            manager.nodes = count
+            ft.begin()
+            ft.commit()
+        return ft, optimizer.param_groups[0]["lr"]
+
+    ft, lr = run([4, 4, 2, 2, 4])
+    assert ft.progress == 4.0
+    plain = _model()
+    reference = torch.optim.SGD(plain.parameters(), lr=0.1)
+    schedule = warmup_cosine(reference, total_steps=10, warmup_steps=2)
+    for _ in range(4):
+        reference.step()  # no gradients: it only counts, as the schedule expects
+        schedule.step()
+    assert lr == reference.param_groups[0]["lr"]
+    ft.manager.nodes = 3
+    ft.begin()  # this rank is local rank 1 of the quorum's node 1: rank 3 of 6
+    ft.topology.rank = 3
+    assert ft.sample_start(8) == (16 * 2 + 3) * 8
+    _, every_node = run([4] * 6)
+    for _ in range(2):
+        reference.step()
+        schedule.step()
+    assert every_node == reference.param_groups[0]["lr"]
+    with pytest.raises(ValueError, match="job_nodes must be an integer >= 1, got 0"):
+        per_step.FaultTolerantStep(None, None, None, None, None, job_nodes=0)

@@ -1,6 +1,7 @@
 """The bundled data sets and the per-rank batch order of `thinwire train`."""
 
 import procs
+import pytest
 import torch
 
 from thinwire.train import data
@@ -60,3 +61,21 @@ def test_rank_batches_rejects_a_batch_larger_than_the_data():
         assert "larger than the training set" in str(exc)
     else:
         raise AssertionError("expected ValueError")
+
+
+def test_the_sample_stream_runs_epoch_after_epoch_and_gives_a_full_clusters_batches():
+    """Each epoch's order in turn, however it is cut; in the first epoch a full cluster's step
+    s, rank r takes rank_batches' batch s of rank r."""
+    size, batch, world = 100, 4, 5
+    whole = data.stream_batch(size, 3, 0, 3 * size)
+    for epoch in range(3):
+        assert torch.equal(whole[epoch * size:(epoch + 1) * size],
+                           data.epoch_order(size, 3, epoch))
+    cut = torch.cat([data.stream_batch(size, 3, 0, 37), data.stream_batch(size, 3, 37, 263)])
+    assert torch.equal(cut, whole)
+    for rank in range(world):
+        for step, expected in enumerate(data.rank_batches(size, batch, rank, world, 3, 0)):
+            assert torch.equal(data.stream_batch(size, 3, (step * world + rank) * batch, batch),
+                               expected)
+    with pytest.raises(ValueError, match="start must be >= 0 and count >= 1, got -1 and 4"):
+        data.stream_batch(size, 3, -1, 4)

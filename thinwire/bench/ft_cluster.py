@@ -149,10 +149,11 @@ def run(workload: str = "mnist", algorithm: str = "hitopk", nodes: int = 2,
         fail: str = "node1@5s,restart@20s", repeats: int = 3, max_steps: int = 2000,
         checkpoint_every: int = 10, timeout_s: float = 600.0,
         runs: tuple[str, ...] = RUNS, target: float | None = None,
-        eval_every: int = 0) -> dict:
+        eval_every: int = 0, node_cpus: float | None = None) -> dict:
     from thinwire.cluster import ClusterSpec
 
-    shape = dict(nodes=nodes, ranks_per_node=ranks_per_node, inter_node_bandwidth=bandwidth)
+    shape = dict(nodes=nodes, ranks_per_node=ranks_per_node, inter_node_bandwidth=bandwidth,
+                 node_cpus=node_cpus)
     schedule = dict(failure_schedule=fail, schedule_clock="training")
     specs = {"undisturbed": ClusterSpec(**shape, fault_tolerant=True),
              "fault-tolerant": ClusterSpec(**shape, fault_tolerant=True, **schedule),
@@ -192,6 +193,7 @@ def run(workload: str = "mnist", algorithm: str = "hitopk", nodes: int = 2,
                         "ranks_per_node": ranks_per_node, "inter_node_bandwidth": bandwidth,
                         "fail": fail, "schedule_clock": "training", "repeats": repeats,
                         "checkpoint_every": checkpoint_every, "runs": list(runs),
+                        "node_cpus": node_cpus,
                         "target": target, "eval_every": eval_every,
                         "hangs": sum(r["status"] == 124 for r in rows),
                         "kills": sum(r.get("kills") or 0 for r in rows)}}
@@ -208,7 +210,7 @@ def _main(args: argparse.Namespace) -> int:
     result = run(args.workload, args.algorithm, args.nodes, args.ranks_per_node,
                  args.inter_node_bandwidth, args.fail, args.repeats, args.max_steps,
                  args.checkpoint_every, runs=runs, target=args.target,
-                 eval_every=args.eval_every)
+                 eval_every=args.eval_every, node_cpus=args.node_cpus)
     print(format_table(result["rows"], COLUMNS))
     save_if_asked(args.json, result)
     return 0
@@ -230,6 +232,10 @@ def register(bench_subparsers) -> None:
                         help="ranks (processes) per node")
     parser.add_argument("--inter-node-bandwidth", default="100mbit",
                         help="each node's link rate")
+    parser.add_argument("--node-cpus", type=float, default=None, metavar="CORES",
+                        help="CPU cores each node may use (as cluster run's --node-cpus): "
+                             "with a core per node a returning node's start is not slowed "
+                             "by the others' training on the same host (default: no limit)")
     parser.add_argument("--fail", default="node1@5s,restart@20s",
                         help="the failure schedule (times from the start of training)")
     parser.add_argument("--checkpoint-every", type=integer(1), default=10, metavar="STEPS",

@@ -22,7 +22,14 @@ Every step:
 
 What a node that vanishes held in its error-feedback residual leaves with it: its mass was
 never applied by anyone. The effective batch follows the node count (each step averages over
-the ranks present; the learning rate is not rescaled). Supported: the algorithms whose
+the ranks present; the learning rate is not rescaled). With ``job_nodes`` (the nodes of the
+full job) the run counts samples, not steps: a step of k of the N nodes advances
+:attr:`FaultTolerantStep.progress` and the learning-rate schedule by k/N of a full step, and
+:meth:`FaultTolerantStep.sample_start` hands its ranks the next k/N of a full step's samples
+from the run's one sample stream, so a node that is away leaves no sample untrained and a run
+that ends at the same progress has trained the same samples with the same schedule. Both
+follow torchft's ``batches_committed`` (nodes summed over committed steps), which heals with
+the Manager. Supported: the algorithms whose
 collectives are the node's group, the cross-node group and the world composed from both
 (:data:`ALGORITHMS`); the ones built on a world all-to-all are refused.
 """
@@ -180,15 +187,22 @@ class FaultTolerantStep:
     ``quorums``: (manager step, nodes) each time the node count changed, for the run's log."""
 
     def __init__(self, manager, topology: Topology, state, model, optimizer,
-                 scheduler=None, count_departed_mass: bool = False, node: int | None = None):
+                 scheduler=None, count_departed_mass: bool = False, node: int | None = None,
+                 job_nodes: int | None = None):
         """``scheduler``: a learning-rate scheduler stepped once per committed step (healed
         with the rest, stepped only where the step commits). ``count_departed_mass``: every
         step, before the commit, all ranks share their residual mass (one small all-reduce
         over every node), so that when a node leaves, the survivors log what it took with it
         (``departures``); off by default, as it costs a cross-node round trip a step. It needs
-        ``node``, this rank's node index (the K of its replica id ``nodeK``)."""
+        ``node``, this rank's node index (the K of its replica id ``nodeK``). ``job_nodes``:
+        the job's node count; the schedule then follows :attr:`progress` (samples), else it
+        steps once per committed step."""
         if count_departed_mass and node is None:
             raise ValueError("count_departed_mass needs node, this rank's node index")
+        if job_nodes is not None and (isinstance(job_nodes, bool)
+                                      or not isinstance(job_nodes, int) or job_nodes < 1):
+            raise ValueError(f"job_nodes must be an integer >= 1, got {job_nodes!r}")
+        self.job_nodes = job_nodes
         check_algorithm(state.algorithm)
         self.manager, self.topology, self.state = manager, topology, state
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
@@ -221,6 +235,21 @@ class FaultTolerantStep:
     @property
     def nodes(self) -> int:
         return self.topology.nodes
+
+    @property
+    def progress(self) -> float:
+        """Full steps trained: the committed steps, each weighted by the share of the job's
+        nodes in it (needs ``job_nodes``)."""
+        if self.job_nodes is None:
+            raise RuntimeError("progress counts samples: build the step with job_nodes")
+        return self.manager.batches_committed() / self.job_nodes
+
+    def sample_start(self, batch_size: int) -> int:
+        """Where this rank's ``batch_size`` samples of the current step start in the run's
+        sample stream (after :meth:`begin`): past every sample committed so far, the ranks of
+        the quorum in order."""
+        n = self.topology.ranks_per_node
+        return (self.manager.batches_committed() * n + self.topology.rank) * batch_size
 
     def begin(self) -> None:
         self.manager.start_quorum()
@@ -272,6 +301,8 @@ class FaultTolerantStep:
         if committed:
             self.optimizer.step()
             if self.scheduler is not None:
+                if self.job_nodes is not None:  # to the samples trained (torchft counted them)
+                    self.scheduler.last_epoch = self.progress - 1
                 self.scheduler.step()
             if self._pending_masses is not None:
                 self._masses = self._pending_masses

@@ -163,6 +163,21 @@ def epoch_order(size: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(size, generator=gen)
 
 
+def stream_batch(size: int, seed: int, start: int, count: int) -> torch.Tensor:
+    """Samples ``start`` .. ``start + count`` of a run's sample stream (index tensor): every
+    epoch's :func:`epoch_order` one after the other, nothing dropped. A run whose ranks come
+    and go takes each step's batches from here (thinwire.ft.per_step's ``sample_start``)."""
+    if start < 0 or count < 1:
+        raise ValueError(f"start must be >= 0 and count >= 1, got {start} and {count}")
+    positions = torch.arange(start, start + count)
+    epochs = positions // size
+    out = torch.empty(count, dtype=torch.int64)
+    for epoch in range(int(epochs[0]), int(epochs[-1]) + 1):
+        here = epochs == epoch
+        out[here] = epoch_order(size, seed, epoch)[positions[here] % size]
+    return out
+
+
 def rank_batches(size: int, batch_size: int, rank: int, world: int, seed: int,
                  epoch: int) -> list[torch.Tensor]:
     """This rank's batches of ``epoch`` (index tensors). Every rank gets the same number of

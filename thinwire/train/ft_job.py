@@ -5,15 +5,16 @@
 recipe, and the torchft peer of `thinwire bench ft-cluster`).
 
 Each node is its own torchrun world; ranks find torchft's Lighthouse and the job store through
-the environment the launcher sets (`thinwire.cluster.coordinator`). Every rank trains the
-workload's model on the batches of its place in the full cluster (node, local rank), so a
-node that is away leaves
-its shard untrained meanwhile and each step averages over the ranks present. The optimizer,
-its schedule (warm-up, cosine) and the model's start are `thinwire train`'s for the workload
-(`setup_run`), as compare runs it; the schedule steps with each committed step and heals
-with the model.
+the environment the launcher sets (`thinwire.cluster.coordinator`). The run counts samples, not
+steps (thinwire.ft.per_step's ``job_nodes``): each step the ranks present take the next
+batches of the run's one sample stream (`data.stream_batch`), so a node that is away leaves no
+sample untrained, and each step averages over the ranks present; a step of k of N nodes is k/N
+of a full step. The optimizer, its schedule (warm-up, cosine, over full steps) and the model's
+start are `thinwire train`'s for the workload (`setup_run`), as compare runs it; the schedule
+heals with the model. ``max_steps`` and ``eval_every`` count full steps. The torchft peer
+trains as torchft's examples do: every process its own shard, a step per step.
 
-Every ``eval_every`` committed steps each node evaluates on the test set, shared by its ranks.
+Every ``eval_every`` full steps each node evaluates on the test set, shared by its ranks.
 Committed steps leave every node with the same model, so every node measures the same value at
 the same step; with ``stop_at_target`` the nodes stop together at the first evaluation that
 reaches the target (else at the last step). Training time counts from the start barrier (every
@@ -152,7 +153,7 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
         timeline["manager"] = time.time()
         per_step.wait_for_nodes(job, nodes * n, timeout)  # every process is a replica group
     else:
-        ft, manager, forward, state = _thinwire_step(cfg, node, n, local, lighthouse,
+        ft, manager, forward, state = _thinwire_step(cfg, node, nodes, n, local, lighthouse,
                                                      node_group, address, timeout, model,
                                                      optimizer, scheduler, timeline)
         if local == 0:
@@ -165,12 +166,15 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
     began = timeline["start_barrier"] = time.time()
     if node == 0 and local == 0:
         say_training_started()  # where --fail counts from the start of training
-    batches, epoch = [], 0
+    batches, epoch = [], 0  # the peer's: its own shard's
     curve, events, joined_at = [], [], None
-    training_s, eval_s, reached = 0.0, 0.0, None
+    training_s, eval_s, reached, evaluations = 0.0, 0.0, None, 0
+
+    def full_steps() -> float:
+        return manager.current_step() if peer else ft.progress
     try:
         while True:
-            if manager.current_step() >= max_steps and (
+            if full_steps() >= max_steps and (
                     not finish_with_every_node or (events and events[-1][3]
                                                         and ft.nodes == nodes)):
                 break
@@ -178,12 +182,18 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
             ft.begin()
             if joined_at is None:
                 joined_at = timeline["first_quorum"] = time.time()
+                # a node that joined late evaluates where the others do, not on joining
+                evaluations = int(full_steps() // eval_every)
             step = manager.current_step()
-            while len(batches) <= step:
-                batches += data_sets.rank_batches(len(dataset.train_x), cfg.batch_size, place,
-                                                  world, cfg.seed, epoch)
-                epoch += 1
-            index = batches[step]
+            if peer:
+                while len(batches) <= step:
+                    batches += data_sets.rank_batches(len(dataset.train_x), cfg.batch_size,
+                                                      place, world, cfg.seed, epoch)
+                    epoch += 1
+                index = batches[step]
+            else:
+                index = data_sets.stream_batch(len(dataset.train_x), cfg.seed,
+                                               ft.sample_start(cfg.batch_size), cfg.batch_size)
             loss, _, _ = models.loss_and_correct(forward, dataset.train_x[index],
                                                  dataset.train_y[index])
             loss.backward()
@@ -192,7 +202,8 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
             done = ft.commit()
             training_s += time.time() - tick
             events.append((time.time(), step, ft.nodes, done))
-            if done and manager.current_step() % eval_every == 0:
+            if done and full_steps() // eval_every > evaluations:
+                evaluations = int(full_steps() // eval_every)
                 start = time.time()
                 # thinwire train's evaluation: the node's ranks share the test set (this
                 # process's default group is its node); every node gets the same value
@@ -200,7 +211,8 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
                 value = accuracy if metric.name == "test_accuracy" else \
                     loss_value / math.log(2)  # bits per byte
                 eval_s += time.time() - start
-                curve.append({"step": manager.current_step(), "nodes": ft.nodes,
+                curve.append({"step": manager.current_step(), "full_steps": full_steps(),
+                              "nodes": ft.nodes,
                               "wall_s": time.time() - began - eval_s, "value": value,
                               "unix_time": time.time()})
                 if reached is None and target is not None and metric.reached(value, target):
@@ -213,7 +225,8 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
                 "node": node, "model": cfg.model, "algorithm": peer or cfg.algorithm,
                 "target": target, "metric": metric.name, "reached": reached,
                 "time_to_target_s": reached["wall_s"] if reached else None,
-                "step": manager.current_step(), "committed": sum(e[3] for e in events),
+                "step": manager.current_step(), "full_steps": full_steps(),
+                "committed": sum(e[3] for e in events),
                 "rolled_back": ft.rolled_back, "quorums": ft.quorums,
                 "departures": ft.departures, "started_at": STARTED_AT, "began_at": began,
                 "joined_at": joined_at,
@@ -233,7 +246,7 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
 
 
 
-def _thinwire_step(cfg, node, n, local, lighthouse, node_group, address, timeout,
+def _thinwire_step(cfg, node, nodes, n, local, lighthouse, node_group, address, timeout,
                    model, optimizer, scheduler, timeline):
     """thinwire's fault-tolerant step: (FaultTolerantStep, its Manager, the model to run
     forward, its SyncState); the node is the replica group."""
@@ -254,7 +267,7 @@ def _thinwire_step(cfg, node, n, local, lighthouse, node_group, address, timeout
         density_warmup_steps=cfg.density_warmup_steps,
         density_warmup_from=cfg.density_warmup_from, algorithm_options=sync_options(cfg))
     ft = holder["ft"] = per_step.FaultTolerantStep(manager, topo, state, model, optimizer,
-                                                   scheduler)
+                                                   scheduler, job_nodes=nodes)
     ft.node_store = store  # torchft's cross-node groups meet through it: alive with the step
     return ft, manager, model, state
 
