@@ -46,7 +46,8 @@ def test_the_torchft_peer_job_trains_every_node_to_the_same_weights(tmp_path):
         assert node["quorums"] == [[0, 2]] and len(node["curve"]) == 2
         assert node["algorithm"] == how[1]
     assert nodes[0]["weights_sha256"] == nodes[1]["weights_sha256"]
-    values = [[(c["step"], c["nodes"], c["value"]) for c in node["curve"]] for node in nodes]
+    values = [[(c["step"], c["nodes"], c["test_accuracy"]) for c in node["curve"]]
+              for node in nodes]
     assert values[0] == values[1]
 
 
@@ -60,7 +61,8 @@ def test_thinwire_train_fault_tolerant_runs_its_config_on_the_quorum(tmp_path):
     status = run(ClusterSpec(2, 1, shaping=False, fault_tolerant=True),
                  ["-m", "thinwire.train", "--fault-tolerant", "--model", "mlp", "--algorithm",
                   "topk_allgather", "--density", "0.1", "--max-iters", "20", "--eval-every",
-                  "10", "--target-accuracy", "0.999", "--summary", str(summary)],
+                  "10", "--target-accuracy", "0.999", "--summary", str(summary),
+                  "--metrics", str(tmp_path / "metrics.jsonl")],
                  timeout_s=240, output=out)
     assert status == 0, out.getvalue()[-4000:]
     record = json.loads(summary.read_text())
@@ -69,3 +71,31 @@ def test_thinwire_train_fault_tolerant_runs_its_config_on_the_quorum(tmp_path):
     assert record["step"] == record["committed"] == 20 and record["quorums"] == [[0, 2]]
     assert [point["step"] for point in record["curve"]] == [10, 20]
     assert record["metric"] == "test_accuracy" and record["reached"] is None
+    # thinwire train's summary (what compare reads): a miss, the run's end, its pace
+    assert record["time_to_target_s"] is None and record["stop_reason"] == "end"
+    assert record["samples_per_s"] > 0 and record["test_accuracy"] == \
+        record["curve"][-1]["test_accuracy"]
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if r["event"] == "step"] == [10, 20]  # --log-every 10
+    assert [r["step"] for r in lines if r["event"] == "eval"] == [10, 20]
+    assert lines[-1]["event"] == "summary"
+
+
+def test_compare_fault_tolerant_races_its_runs_on_the_quorum(tmp_path):
+    """`thinwire compare --fault-tolerant`: each run is `thinwire train --fault-tolerant` on
+    the fault-tolerant launcher; compare reads its summary as any run's (curve, stop reason,
+    pace)."""
+    from thinwire.train.compare import CompareSettings, compare
+
+    settings = CompareSettings(algorithms=["hitopk"], nodes=2, ranks_per_node=1,
+                               rates=["none"], shaping=False, target=0.999, eval_every=5,
+                               timeout_s=240, resources={"fault_tolerant": True},
+                               train={"model": "mlp", "epochs": 1, "max_iters": 10,
+                                      "batch_size": 16})
+    results = compare(settings, tmp_path, progress=False)
+    (run,) = results["runs"]
+    assert run["status"] == "ok", run
+    assert run["quorums"] == [[0, 2]] and run["step"] == run["committed"] == 10
+    assert [p["step"] for p in run["curve"]] == [5, 10] and run["stop_reason"] == "end"
+    assert run["time_to_target_s"] is None and run["samples_per_s"] > 0
+    assert results["setting"]["budget_s"] == 0.0

@@ -5,6 +5,7 @@ the optimizer's own lazy start), the start barrier, and the algorithms it refuse
 from __future__ import annotations
 
 import copy
+import re
 from datetime import timedelta
 
 import pytest
@@ -122,7 +123,6 @@ def test_counting_a_departed_nodes_mass_needs_the_rank_to_know_its_node():
     (dict(checkpoint="ck"), "--checkpoint ck cannot be used with --fault-tolerant: a node "
                             "heals from a live peer"),
     (dict(amp="bf16"), "--amp bf16 cannot be used with --fault-tolerant"),
-    (dict(metrics="m.jsonl"), "--metrics m.jsonl cannot be used with --fault-tolerant"),
     (dict(device="cuda"), "--fault-tolerant trains on the CPU here"),
 ])
 def test_train_refuses_what_the_fault_tolerant_run_cannot_do_by_name(changes, message):
@@ -214,3 +214,26 @@ def test_a_run_with_nodes_away_counts_samples_for_its_schedule_and_its_data():
     assert every_node == reference.param_groups[0]["lr"]
     with pytest.raises(ValueError, match="job_nodes must be an integer >= 1, got 0"):
         per_step.FaultTolerantStep(None, None, None, None, None, job_nodes=0)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(algorithms=["ddp"]), "--fault-tolerant: the run of ddp: --fault-tolerant runs "
+                               "--algorithm allreduce, hier_allreduce, topk_allgather, hitopk"),
+    (dict(budget_s=30.0), "--budget-s 30 cannot be used with --fault-tolerant"),
+    (dict(tune=True), "--tune cannot be used with --fault-tolerant"),
+    (dict(resources={"fault_tolerant": True, "failure_schedule": "node0@5s,restart@9s"}),
+     "kills node0: a race through failures keeps node 0"),
+    (dict(resources={"max_restarts": 3}), "--max-restarts 3: compare races through failures "
+                                          "with --fault-tolerant"),
+])
+def test_compare_refuses_what_a_race_through_failures_cannot_do_by_name(changes, message):
+    from thinwire.train.compare import CompareSettings, default_algorithms
+
+    settings = {"algorithms": default_algorithms(fault_tolerant=True),
+                "resources": {"fault_tolerant": True}, **changes}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        CompareSettings(**settings).validate()
+    assert default_algorithms(fault_tolerant=True) == ["allreduce", "hier_allreduce",
+                                                      "topk_allgather", "hitopk"]
+    CompareSettings(algorithms=["hitopk"], resources={"fault_tolerant": True,
+                                                      "failure_schedule": "node1@5s"}).validate()

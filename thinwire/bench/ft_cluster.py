@@ -73,7 +73,7 @@ def _fault_tolerant(spec, workload: str, algorithm: str, max_steps: int,
     back = nodes.get(1, {})
     return {"status": status,
             "time_to_target_s": reached["unix_time"] - first["began_at"] if reached else None,
-            "final": (first.get("curve") or [{}])[-1].get("value"),
+            "final": (first.get("curve") or [{}])[-1].get(first.get("metric")),
             "steps": first.get("step"), "rolled_back": first.get("rolled_back"),
             "quorums": " ".join(f"{n}@{s}" for s, n in first.get("quorums", [])),
             "kills": kills,

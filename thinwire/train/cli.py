@@ -41,7 +41,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     for name in names:
         settings = compare_mod.CompareSettings(
             workload=name, algorithms=[a.strip() for a in args.algorithms.split(",")
-                                       if a.strip()],
+                                       if a.strip()] if args.algorithms is not None
+            else compare_mod.default_algorithms(bool(getattr(args, "fault_tolerant", False))),
             rates=compare_mod.parse_rates(args.inter_node_bandwidth), nodes=args.nodes,
             ranks_per_node=args.ranks_per_node, shaping=not args.no_shaping,
             target=args.target, budget_s=args.budget_s, eval_every=args.eval_every,
@@ -88,9 +89,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "same DIR skips the runs already finished")
     p.add_argument("--workload", default="mnist", help=f"{', '.join(workloads.WORKLOADS)}, a "
                    "comma-separated list, or all")
-    p.add_argument("--algorithms", default=",".join(s.algorithms), metavar="LIST",
-                   help="comma-separated; also diloco and torchft-diloco (not raced by "
-                        "default: they need --sync-every)")
+    p.add_argument("--algorithms", default=None, metavar="LIST",
+                   help="comma-separated (default: " + ",".join(s.algorithms) + "; with "
+                        "--fault-tolerant: " + ",".join(compare_mod.default_algorithms(True))
+                        + "); also diloco and torchft-diloco (not raced by default: they "
+                        "need --sync-every)")
     p.add_argument("--target", type=float, default=None, help="target quality (accuracy in "
                    "(0, 1], or bits per byte in (0, 8]); None: the workload's")
     p.add_argument("--budget-s", type=float, default=None, metavar="SECONDS",

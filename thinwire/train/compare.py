@@ -46,10 +46,14 @@ POWERSGD_START_ITER = grad_sync.POWERSGD_START_ITER
 DEFAULT_STALL_S = 300.0
 
 
-def default_algorithms() -> list[str]:
+def default_algorithms(fault_tolerant: bool = False) -> list[str]:
     """PyTorch's peers, then every algorithm in thinwire's registry (read when needed, so an
     algorithm registered later is raced too). DiLoCo's modes are raced when named (each
-    needs --sync-every)."""
+    needs --sync-every). ``fault_tolerant``: the ones fault-tolerant training runs."""
+    if fault_tolerant:
+        from thinwire.ft.per_step import ALGORITHMS
+
+        return [name for name in ALGORITHMS if name in algorithm_names()]
     names = [n for mode in modes.MODES if mode.in_default_race for n in mode.algorithms()]
     return sorted(names, key=lambda name: name not in grad_sync.TORCH_ALGORITHMS)  # stable
 
@@ -88,14 +92,20 @@ class CompareSettings:
     # (node_cpus, node_memory, best_effort_limits, link_classes, class_queue); {} = none.
     resources: dict = field(default_factory=dict)
 
+    @property
+    def fault_tolerant(self) -> bool:
+        """Every run on the fault-tolerant loop (`thinwire train --fault-tolerant`), each node
+        its own world, so that the race goes on through `--fail`'s outages."""
+        return bool(self.resources.get("fault_tolerant"))
+
     def validate(self) -> "CompareSettings":
         wl = workloads.check_workload(self.workload)
-        for name in ("fault_tolerant", "max_restarts"):
-            if self.resources.get(name):
-                raise ValueError(f"--{name.replace('_', '-')}: compare does not race through "
-                                 f"failures yet; `thinwire bench ft-cluster` races "
-                                 f"fault-tolerant training against checkpoint-restart and "
-                                 f"torchft")
+        if self.resources.get("max_restarts"):
+            raise ValueError(f"--max-restarts {self.resources['max_restarts']}: compare races "
+                             f"through failures with --fault-tolerant; checkpoint-restart, its "
+                             f"baseline, is raced by `thinwire bench ft-cluster`")
+        if self.fault_tolerant:
+            self._check_fault_tolerant()
         if not self.algorithms:
             raise ValueError("--algorithms must name at least one algorithm")
         for name in self.algorithms:
@@ -136,7 +146,12 @@ class CompareSettings:
                              f"(judged by {wl.metric})")
         used, configs = set(), []
         for algorithm in self.algorithms:  # every run's config, checked before the first runs
-            cfg = self.run_config(algorithm).validate()
+            try:  # a fault-tolerant run's config checks what that loop can run
+                cfg = self.run_config(algorithm).validate()
+            except ValueError as exc:
+                if not self.fault_tolerant:
+                    raise
+                raise ValueError(f"--fault-tolerant: the run of {algorithm}: {exc}") from None
             configs.append(cfg)
             used.update(modes.mode_of(algorithm).collectives(cfg))
         race = f"(--algorithms {','.join(self.algorithms)})"
@@ -155,8 +170,30 @@ class CompareSettings:
         return workloads.WORKLOADS[self.workload].target if self.target is None else self.target
 
     def resolved_budget(self) -> float:
+        if self.fault_tolerant:  # a node's clock is its own: the runs stop at the target
+            return 0.0
         wl = workloads.WORKLOADS[self.workload]
         return wl.budget_s if self.budget_s is None else self.budget_s
+
+    def _check_fault_tolerant(self) -> None:
+        """What a race through failures cannot take, refused by name."""
+        if self.budget_s:
+            raise ValueError(f"--budget-s {self.budget_s:g} cannot be used with "
+                             f"--fault-tolerant: each node keeps its own training clock, so "
+                             f"the runs stop at the target or the end of their schedule")
+        if self.tune:
+            raise ValueError("--tune cannot be used with --fault-tolerant: the trials are "
+                             "told apart by their quality at the budget, and a race through "
+                             "failures has none")
+        if self.resources.get("failure_schedule"):
+            from thinwire.cluster.spec import parse_failure_schedule
+
+            events = parse_failure_schedule(self.resources["failure_schedule"], self.nodes,
+                                            "--fail")
+            if any(node == 0 for _, node, _ in events):
+                raise ValueError(f"--fail {self.resources['failure_schedule']!r} kills node0: "
+                                 f"a race through failures keeps node 0, whose record is "
+                                 f"the run's summary (a node's record starts when it starts)")
 
     def base_config(self) -> TrainConfig:
         """The workload's training settings with the user's overrides (no run's yet)."""
@@ -164,10 +201,11 @@ class CompareSettings:
 
     def run_config(self, algorithm: str, lr: float | None = None,
                    seed: int | None = None) -> TrainConfig:
-        return race_config.run_config(
+        cfg = race_config.run_config(
             self.workload, algorithm, self.train, ranks_per_node=self.ranks_per_node,
             target=self.resolved_target(), budget_s=self.resolved_budget(),
             eval_every=self.eval_every, stop_at_target=self.stop_at_target, lr=lr, seed=seed)
+        return dataclasses.replace(cfg, fault_tolerant=True) if self.fault_tolerant else cfg
 
     def common(self) -> dict:
         """What every run shares (the `setting` of results.json)."""

@@ -18,7 +18,6 @@ REFUSED = {
     "waves": (1, "the fault-tolerant step runs one wave"),
     "amp": ("none", "the fault-tolerant step runs in float32"),
     "budget_s": (0.0, "the fault-tolerant run stops at its target or its steps"),
-    "metrics": (None, "the fault-tolerant run writes its curve into --summary"),
 }
 
 

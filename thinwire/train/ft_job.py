@@ -17,18 +17,21 @@ trains as torchft's examples do: every process its own shard, a step per step.
 Every ``eval_every`` full steps each node evaluates on the test set, shared by its ranks.
 Committed steps leave every node with the same model, so every node measures the same value at
 the same step; with ``stop_at_target`` the nodes stop together at the first evaluation that
-reaches the target (else at the last step). Training time counts from the start barrier (every
-node up), evaluation excluded. Each node's local rank 0 writes its record: its curve, the
-quorums it saw, its committed and rolled-back steps, when it joined and a digest of its
-weights (ft_job: ``OUT/node<i>.json`` on every node; train: ``--summary`` on node 0). A node
-that came back writes there when it finishes (the file of its earlier life is replaced).
+reaches the target (else at the last step). Each node keeps `thinwire train`'s accounting
+(`thinwire.train.metrics.Metrics`: training time is its steps' time, evaluation excluded;
+node 0's local rank 0 writes ``--metrics``). Each node's local rank 0 writes its record:
+`thinwire train`'s summary (curve, time to target, stop reason, pace) with the quorums it saw,
+its committed and rolled-back steps, when it joined and a digest of its weights (ft_job:
+``OUT/node<i>.json`` on every node; train: ``--summary`` on node 0). A node that came back
+writes there when it finishes (the file of its earlier life is replaced), its record starting
+at its return.
 """
 
 from __future__ import annotations
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import hashlib  # noqa: E402
-import math  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 from datetime import timedelta  # noqa: E402
@@ -48,6 +51,7 @@ from thinwire.train import ft_ddp_peer, models, quality, race_config, workloads 
 from thinwire.train.grad_sync import sync_options  # noqa: E402
 from thinwire.train.config import TrainConfig  # noqa: E402
 from thinwire.train.loop import evaluate, say_training_started, setup_run  # noqa: E402
+from thinwire.train.metrics import Metrics  # noqa: E402
 
 
 DONE_KEY = "thinwire/ft/target_reached"
@@ -126,10 +130,6 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
                          "`thinwire cluster run --fault-tolerant`")
     node, nodes = int(os.environ[NODE_ENV]), int(os.environ["THINWIRE_NODES"])
     timeout = timedelta(seconds=cfg.collective_timeout_s)
-    language = models.data_name(cfg.model) == "stdlib_text"
-    metric = quality.check_metric("bits_per_byte" if language and cfg.target_accuracy is None
-                                  else "test_accuracy")
-    target = cfg.target_bits_per_byte if metric.name == "bits_per_byte" else cfg.target_accuracy
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timeout)
     timeline["node_group"] = time.time()
@@ -167,8 +167,12 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
     if node == 0 and local == 0:
         say_training_started()  # where --fail counts from the start of training
     batches, epoch = [], 0  # the peer's: its own shard's
-    curve, events, joined_at = [], [], None
-    training_s, eval_s, reached, evaluations = 0.0, 0.0, None, 0
+    events, joined_at, evaluations = [], None, 0
+    # thinwire train's accounting: the metrics file (node 0's local rank 0: compare follows
+    # it), the evaluations' curve and the summary's numbers; each node keeps its own
+    quiet = dataclasses.replace(cfg, summary=None)  # the summary is written with the record
+    metrics = Metrics(quiet, place, world, max_steps, steps_per_epoch)
+    met = quality.check_metric(metrics.metric)
 
     def full_steps() -> float:
         return manager.current_step() if peer else ft.progress
@@ -184,6 +188,7 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
                 joined_at = timeline["first_quorum"] = time.time()
                 # a node that joined late evaluates where the others do, not on joining
                 evaluations = int(full_steps() // eval_every)
+                metrics.start_timing(None)
             step = manager.current_step()
             if peer:
                 while len(batches) <= step:
@@ -200,44 +205,47 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
             if state is not None:
                 thinwire.synchronize(params, state)
             done = ft.commit()
-            training_s += time.time() - tick
             events.append((time.time(), step, ft.nodes, done))
-            if done and full_steps() // eval_every > evaluations:
+            if not done:
+                metrics.add_overhead(time.time() - tick)  # a rolled-back step: time, no step
+                continue
+            metrics.record_step(manager.current_step(), int(full_steps() // steps_per_epoch),
+                                time.time() - tick, loss.detach(),
+                                optimizer.param_groups[0]["lr"])
+            if full_steps() // eval_every > evaluations:
                 evaluations = int(full_steps() // eval_every)
-                start = time.time()
                 # thinwire train's evaluation: the node's ranks share the test set (this
                 # process's default group is its node); every node gets the same value
                 accuracy, loss_value = evaluate(cfg, model, dataset, torch.device("cpu"))
-                value = accuracy if metric.name == "test_accuracy" else \
-                    loss_value / math.log(2)  # bits per byte
-                eval_s += time.time() - start
-                curve.append({"step": manager.current_step(), "full_steps": full_steps(),
-                              "nodes": ft.nodes,
-                              "wall_s": time.time() - began - eval_s, "value": value,
-                              "unix_time": time.time()})
-                if reached is None and target is not None and metric.reached(value, target):
-                    reached = curve[-1]
-                    if cfg.stop_at_target:
-                        break
+                metrics.record_eval(manager.current_step(), 0, accuracy, loss_value)
+                metrics.curve[-1].update(epoch=round(full_steps() / steps_per_epoch, 4),
+                                         full_steps=full_steps(), nodes=ft.nodes)
+                if metrics.stop_reason:
+                    break
         job.set(DONE_KEY, str(manager.current_step()))  # a node back from now on has no job
+        metrics.stop_timing(None, None, None)  # collective over the node's ranks
+        reached = next((point for point in metrics.curve
+                        if metrics.target is not None
+                        and met.reached(point[metrics.metric], metrics.target)), None)
         if local == 0 and (out is not None or (summary and node == 0)):
             result = {
-                "node": node, "model": cfg.model, "algorithm": peer or cfg.algorithm,
-                "target": target, "metric": metric.name, "reached": reached,
-                "time_to_target_s": reached["wall_s"] if reached else None,
+                **metrics.summary(quiet, manager.current_step(),
+                                  sum(p.numel() for p in params), stopped=False),
+                "node": node, "algorithm": peer or cfg.algorithm, "reached": reached,
                 "step": manager.current_step(), "full_steps": full_steps(),
                 "committed": sum(e[3] for e in events),
                 "rolled_back": ft.rolled_back, "quorums": ft.quorums,
                 "departures": ft.departures, "started_at": STARTED_AT, "began_at": began,
                 "joined_at": joined_at,
                 "timeline_s": {k: v - STARTED_AT for k, v in timeline.items()},
-                "curve": curve, "events": events, "eval_s": eval_s, "train_time_s": training_s,
+                "events": events,
                 # every node that trained to the end holds the same weights: compared by digest
                 "weights_sha256": hashlib.sha256(b"".join(
                     t.detach().contiguous().numpy().tobytes() for t in params)).hexdigest()}
             write_json_atomic(out / f"node{node}.json" if out is not None else summary, result)
             if record is not None:
                 record.update(result)
+        metrics.close()
     finally:
         manager.shutdown(wait=False)
         dist.destroy_process_group()

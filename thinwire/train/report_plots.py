@@ -14,6 +14,12 @@ SPLIT_PARTS = (("compute", "compute"), ("selection", "top-k selection"),
                ("idle", "other / waiting"), ("sync", "sync (PyTorch hook, not split)"))
 
 
+def _missed_at(setting: dict, run: dict) -> float:
+    """Where a run that missed its target is drawn: at the budget, or where a race has none
+    (0: compare --fault-tolerant) at the end of its training."""
+    return setting["budget_s"] or run.get("train_time_s") or 0.0
+
+
 def _plt():
     import matplotlib
 
@@ -59,16 +65,17 @@ def time_to_target(results: dict, out: Path) -> str:
             if t is not None:
                 ax.barh(i, t, color="tab:blue" if run["algorithm"] != "ddp" else "tab:grey")
                 label = f" {t:.1f} s" + (f" ({t / ddp:.2f}x ddp)" if ddp else "")
-            else:
-                ax.barh(i, s["budget_s"], color="none", edgecolor="tab:red", hatch="//")
+            else:  # a miss: its budget, or without one (0) its whole training time
+                ax.barh(i, _missed_at(s, run), color="none", edgecolor="tab:red", hatch="//")
                 q = run.get("quality_at_budget")
                 label = f" {run.get('status')}" if run.get("status") != "ok" else \
                     " missed" + (f" ({_scale(s, q):.3g} at the budget)" if q is not None else "")
-            ax.text(t if t is not None else s["budget_s"], i, label, va="center", fontsize=8)
+            ax.text(t if t is not None else _missed_at(s, run), i, label, va="center",
+                    fontsize=8)
         ax.set_yticks(range(len(runs)), [r["algorithm"] for r in runs])
         ax.invert_yaxis()
-        ax.set_xlim(0, 1.6 * max([s["budget_s"]] + [r.get("time_to_target_s") or 0
-                                                      for r in runs]))
+        ax.set_xlim(0, 1.6 * max([1.0] + [r.get("time_to_target_s") or _missed_at(s, r)
+                                          for r in runs]))
         ax.set(xlabel="training time to target (s); hatched = not reached within the budget",
                title=f"time to {s['metric']} {sign} {s['target']:g}, inter-node {rate}")
         ax.grid(axis="x", alpha=0.3)
