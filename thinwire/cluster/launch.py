@@ -468,17 +468,19 @@ class _Nodes:
             prefix + [sys.executable, "-m", "thinwire.cluster.coordinator", "--host", host,
                       "--lighthouse-port", str(lighthouse_port), "--store-port",
                       str(store_port)],
-            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            # stdout carries only its "ready" line: on one pipe with stderr, the Lighthouse's
+            # log (written by its own threads) cut into that line and the launcher never saw
+            # it (a start that failed after 60 s, one in a few runs on a busy host)
+            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL, start_new_session=True, bufsize=1, errors="replace")
         self.helpers.append(proc)
         ready = threading.Event()
         ports: list[str] = []
 
-        def relay() -> None:  # its "ready", then the quorum changes and problems it logs
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                if line.startswith("ready "):  # "ready LIGHTHOUSE_PORT STORE_PORT"
-                    ports.extend(line.split()[1:3])
+        def relay(stream) -> None:  # its "ready", then the quorum changes and problems it logs
+            for line in stream:
+                if stream is proc.stdout and line.startswith("ready "):
+                    ports.extend(line.split()[1:3])  # "ready LIGHTHOUSE_PORT STORE_PORT"
                     ready.set()
                     continue
                 if "[INFO]" in line and "quorum change" not in line:
@@ -486,9 +488,10 @@ class _Nodes:
                 with self.lock:
                     self.output.write(f"[coordinator] {line.rstrip()}\n")
                     self.output.flush()
-        thread = threading.Thread(target=relay, daemon=True)
-        thread.start()
-        self.threads.append(thread)
+        for stream in (proc.stdout, proc.stderr):
+            thread = threading.Thread(target=relay, args=(stream,), daemon=True)
+            thread.start()
+            self.threads.append(thread)
         deadline = time.monotonic() + timeout_s
         while not ready.wait(0.1):
             if proc.poll() is not None or time.monotonic() > deadline:
