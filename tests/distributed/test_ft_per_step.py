@@ -56,6 +56,15 @@ def test_two_nodes_lost_at_once_and_back(tmp_path):
     assert results[0]["rolled_back"] >= 1
 
 
+def test_nodes_that_start_from_different_weights_are_refused_at_the_first_step(tmp_path):
+    """No init_sync: every node builds its start from the run's seed. A node whose model
+    differs (another seed) ends every node at step 0 with the reason, none hangs."""
+    with _job(tmp_path, "allreduce", nodes=2, per_node=1) as job:
+        procs = job.start(0) + job.start(1, seed=1)
+        job.wait(procs, 1)
+        assert "the nodes start from different weights" in job.logs()
+
+
 def test_a_node_lost_mid_step_then_while_it_heals_and_back_trains_on_to_identical_weights(
         tmp_path):
     """hitopk, 2 x 2: node 1 vanishes in the inter-node phase of step 8; node 0 rolls that step

@@ -163,6 +163,13 @@ class _Quorum:
         return self.committed
 
 
+class _AloneWorld:
+    """A world of one rank: its sums are its own values."""
+
+    def all_reduce_sum(self, tensor):
+        pass
+
+
 class _NoSync:
     algorithm = "allreduce"
 
@@ -185,7 +192,8 @@ def test_a_run_with_nodes_away_counts_samples_for_its_schedule_and_its_data():
         scheduler = warmup_cosine(optimizer, total_steps=10, warmup_steps=2)
         manager = _Quorum(4)
         topology = SimpleNamespace(local_rank=1, ranks_per_node=2, world_size=8, rank=1,
-                                   nodes=4)
+                                   nodes=4, world=_AloneWorld(),
+                                   inter=SimpleNamespace(failed=lambda: False))
         ft = per_step.FaultTolerantStep(manager, topology, _NoSync(), model, optimizer,
                                         scheduler, job_nodes=4)
         for count in counts:

@@ -79,7 +79,7 @@ def _fault_tolerant(spec, workload: str, algorithm: str, max_steps: int,
             "kills": kills,
             "rejoin_s": back["joined_at"] - back["started_at"]
             if spec.failure_schedule and back.get("joined_at") else None,
-            "log_tail": None if status == 0 else log.getvalue()[-3000:]}
+            "log_tail": None if status == 0 else _failure_excerpt(log.getvalue())}
 
 
 def restart_config(workload: str, algorithm: str, ranks_per_node: int, directory: str,
@@ -123,7 +123,17 @@ def _checkpoint_restart(spec, workload: str, algorithm: str, checkpoint_every: i
             "time_to_target_s": reached["unix_time"] - began if reached and began else None,
             "final": curve[-1][metric.name] if curve else None, "steps": summary.get("steps"),
             "restarts": log.getvalue().count("rank 0: resumed from"), "kills": kills,
-            "log_tail": None if status == 0 else log.getvalue()[-3000:]}
+            "log_tail": None if status == 0 else _failure_excerpt(log.getvalue())}
+
+
+def _failure_excerpt(log: str, lines: int = 40) -> str:
+    """What a failed run's log says first went wrong: the first rank's traceback (torchrun's
+    own report of the failure comes last and names no cause), then the log's end."""
+    text = log.splitlines()
+    first = next((i for i, line in enumerate(text) if "Traceback" in line
+                  and "torch/distributed/run.py" not in "".join(text[i:i + 4])), None)
+    cause = "\n".join(text[first:first + lines]) + "\n...\n" if first is not None else ""
+    return cause + log[-2000:]
 
 
 def _read_json(path: Path) -> dict | None:

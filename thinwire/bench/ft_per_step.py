@@ -71,7 +71,7 @@ class Job:
         self.procs: list[subprocess.Popen] = []
 
     def start(self, node: int, die_at: int = -1, die_healing: bool = False,
-              count_departed_mass: bool = False) -> list:
+              count_departed_mass: bool = False, seed: int = 0) -> list:
         port = free_port()
         role = "dies" if die_at >= 0 else "dies-healing" if die_healing else "runs"
         procs = []
@@ -83,7 +83,7 @@ class Job:
                  "--node-port", str(port), "--lighthouse", self.address,
                  "--job-store-port", str(self.store.port), "--algorithm", self.algorithm,
                  "--steps", str(self.steps), "--die-at", str(die_at), "--device", self.device,
-                 "--out", str(self.out / f"node{node}-rank{local}.json")]
+                 "--seed", str(seed), "--out", str(self.out / f"node{node}-rank{local}.json")]
                 + (["--die-healing"] if die_healing else [])
                 + (["--count-departed-mass"] if count_departed_mass else []),
                 stdout=log, stderr=subprocess.STDOUT, text=True))

@@ -55,6 +55,8 @@ def main() -> int:
     p.add_argument("--max-steps", type=int, default=5000)
     p.add_argument("--die-at", type=int, default=-1)
     p.add_argument("--die-healing", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help="the model's seed (every node's the "
+                   "same, as a run's: another one on a node is refused at the first step)")
     p.add_argument("--count-departed-mass", action="store_true",
                    help="log what a lost node's residual held (and write this rank's residual "
                         "L1 after each committed step to OUT.mass.PID, the test's reference)")
@@ -72,7 +74,7 @@ def main() -> int:
 
     # every node from the same seed, as `thinwire train` starts them: torchft heals local rank
     # j from local rank j of a live node, and the source node may differ from one j to another
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     width = 12
     model = torch.nn.Sequential(torch.nn.Linear(width, 16), torch.nn.Tanh(),
                                 torch.nn.Linear(16, 1)).double().to(device)
