@@ -245,3 +245,34 @@ def test_compare_refuses_what_a_race_through_failures_cannot_do_by_name(changes,
                                                       "topk_allgather", "hitopk"]
     CompareSettings(algorithms=["hitopk"], resources={"fault_tolerant": True,
                                                       "failure_schedule": "node1@5s"}).validate()
+
+
+class _Keeps:
+    """A group of one that keeps what it was asked to sum."""
+
+    def __init__(self):
+        self.parts = []
+
+    def all_reduce_sum(self, tensor):
+        self.parts.append(tensor.clone())
+
+
+def test_the_evaluation_split_over_a_quorums_ranks_sums_to_the_whole_test_set():
+    """The fault-tolerant loop's evaluation: rank r of W takes every W-th test sample and the
+    quorum sums the counts; the sum of the W shares is the whole set's evaluation."""
+    from thinwire.train import data, models
+    from thinwire.train.config import TrainConfig
+    from thinwire.train.loop import evaluate
+
+    cfg = TrainConfig(model="mlp")
+    ds = data.load(models.data_name("mlp"))
+    model = models.build("mlp", 0)
+    whole = _Keeps()
+    evaluate(cfg, model, ds, torch.device("cpu"), share=(0, 1), group=whole)
+    shares = _Keeps()
+    for rank in range(3):
+        evaluate(cfg, model, ds, torch.device("cpu"), share=(rank, 3), group=shares)
+    summed = sum(shares.parts)
+    assert summed[:2].tolist() == whole.parts[0][:2].tolist()  # correct, count: exact
+    # the loss: float32 means per chunk, summed in another order
+    assert float(summed[2]) == pytest.approx(float(whole.parts[0][2]), rel=1e-6)

@@ -170,9 +170,14 @@ def compute_only_ms(cfg, module, ds, batches, device, total_steps) -> float | No
 
 
 @torch.no_grad()
-def evaluate(cfg, module, ds, device) -> tuple[float, float]:
-    """Test accuracy and loss over the whole test set; each rank takes every W-th sample."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+def evaluate(cfg, module, ds, device, share: tuple[int, int] | None = None,
+             group=None) -> tuple[float, float]:
+    """Test accuracy and loss over the whole test set; each rank takes every W-th sample.
+    ``share`` (rank, W) and ``group`` (what sums the shares; a fault-tolerant run's composed
+    world, thinwire.ft.groups) default to the process group's."""
+    from thinwire.collectives.primitives import all_reduce_sum
+
+    rank, world = share if share is not None else (dist.get_rank(), dist.get_world_size())
     module.eval()
     totals = torch.zeros(3, dtype=torch.float64)
     for chunk in torch.arange(rank, ds.test_x.shape[0], world).split(500):
@@ -183,7 +188,10 @@ def evaluate(cfg, module, ds, device) -> tuple[float, float]:
     module.train()
     if device.type == "cuda":
         totals = totals.to(device)
-    dist.all_reduce(totals)
+    if group is None:
+        dist.all_reduce(totals)
+    else:
+        all_reduce_sum(totals, group)
     totals = totals.cpu()
     return float(totals[0] / totals[1]), float(totals[2] / totals[1])
 
