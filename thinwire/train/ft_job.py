@@ -14,7 +14,8 @@ start are `thinwire train`'s for the workload (`setup_run`), as compare runs it;
 heals with the model. ``max_steps`` and ``eval_every`` count full steps. The torchft peer
 trains as torchft's examples do: every process its own shard, a step per step.
 
-Every ``eval_every`` full steps each node evaluates on the test set, shared by its ranks.
+Every ``eval_every`` full steps the nodes evaluate on the test set, split over the last
+quorum's ranks and summed over the nodes (:func:`_evaluate`).
 Committed steps leave every node with the same model, so every node measures the same value at
 the same step; with ``stop_at_target`` the nodes stop together at the first evaluation that
 reaches the target (else at the last step). Each node keeps `thinwire train`'s accounting
