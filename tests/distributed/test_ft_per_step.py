@@ -62,7 +62,7 @@ def test_nodes_that_start_from_different_weights_are_refused_at_the_first_step(t
     with _job(tmp_path, "allreduce", nodes=2, per_node=1) as job:
         procs = job.start(0) + job.start(1, seed=1)
         job.wait(procs, 1)
-        assert "the nodes start from different weights" in job.logs()
+        assert "ranks of the quorum start from different weights" in job.logs()
 
 
 def test_a_node_lost_mid_step_then_while_it_heals_and_back_trains_on_to_identical_weights(

@@ -96,6 +96,14 @@ def materialize_optimizer_state(optimizer) -> None:
             optimizer.state[p] = state
 
 
+def weights_digest(parameters) -> bytes:
+    """SHA-256 of the parameters' bytes, in order: what identical replicas share."""
+    import hashlib
+
+    return hashlib.sha256(b"".join(p.detach().cpu().contiguous().numpy().tobytes()
+                                   for p in parameters)).digest()
+
+
 def wait_for_nodes(store, nodes: int, timeout: timedelta, key: str = "thinwire/ft/started"
                    ) -> None:
     """Called once by local rank 0 of every node after its Manager exists: the first quorum
@@ -213,7 +221,6 @@ class FaultTolerantStep:
         self.local_rank = topology.local_rank
         materialize_optimizer_state(optimizer)
         self._snapshot = None
-        self._checked_start = False
         self.quorums: list[tuple[int, int]] = []
         self.rolled_back = 0
         self.count_departed_mass = count_departed_mass
@@ -267,7 +274,7 @@ class FaultTolerantStep:
         if not self.quorums or self.quorums[-1][1] != count:
             self.quorums.append((self.manager.current_step(), count))
             log.info("step %d: %d node(s) in the quorum", self.manager.current_step(), count)
-        if not self._checked_start:
+        if self.manager.current_step() == 0:  # the same on every rank of the quorum
             self._check_same_start()
         self._snapshot = self.state.snapshot()
 
@@ -276,26 +283,20 @@ class FaultTolerantStep:
         run (step 0) every rank's model digest must equal every other's (two 16-bit parts of
         a SHA-256, summed with their squares over the quorum: (sum v)^2 = n sum v^2 only where
         all are equal). A node that healed, or that joined later, took a peer's state."""
-        import hashlib
-
         from thinwire.collectives.primitives import all_reduce_sum
 
-        if self.manager.current_step() != 0:
-            self._checked_start = True
-            return
-        digest = hashlib.sha256(b"".join(p.detach().cpu().contiguous().numpy().tobytes()
-                                         for p in self.model.parameters())).digest()
+        digest = weights_digest(self.model.parameters())
         parts = [float(int.from_bytes(digest[i:i + 2], "little")) for i in (0, 2)]
         table = torch.tensor([1.0] + parts + [v * v for v in parts], dtype=torch.float64)
         all_reduce_sum(table, self.topology.world)
         if self.topology.inter.failed():
-            return  # the step will not commit; the next one checks again
-        self._checked_start = True
+            return  # the step will not commit: step 0 comes again, and the check with it
         count = table[0]
         if any(table[1 + i] ** 2 != count * table[3 + i] for i in range(2)):
-            raise RuntimeError("fault-tolerant training: the nodes start from different "
-                               "weights (their model digests differ at step 0); build every "
-                               "node's model from the same seed, as thinwire train does")
+            raise RuntimeError(f"fault-tolerant training: the {int(count)} ranks of the "
+                               f"quorum start from different weights (their model digests "
+                               f"differ at step 0); build every node's model from the same "
+                               f"seed, as thinwire train does")
 
     def _share_masses(self, node: int, nodes: int) -> dict[int, float] | None:
         """{node: its ranks' residual L1} over the quorum, or None where the exchange failed

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
-import hashlib  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 from datetime import timedelta  # noqa: E402
@@ -168,11 +167,12 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
     if node == 0 and local == 0:
         say_training_started()  # where --fail counts from the start of training
     batches, epoch = [], 0  # the peer's: its own shard's
-    events, joined_at, evaluations = [], None, 0
+    events, joined_at = [], None
     # thinwire train's accounting: the metrics file (node 0's local rank 0: compare follows
     # it), the evaluations' curve and the summary's numbers; each node keeps its own
     quiet = dataclasses.replace(cfg, summary=None)  # the summary is written with the record
-    metrics = Metrics(quiet, place, world, max_steps, steps_per_epoch)
+    # no steps per epoch: each evaluation is given its epoch, from the full steps trained
+    metrics = Metrics(quiet, place, world, max_steps)
     met = quality.check_metric(metrics.metric)
 
     def full_steps() -> float:
@@ -185,10 +185,9 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
                 break
             tick = time.time()
             ft.begin()
+            before = full_steps()  # after healing: the same on every node of the quorum
             if joined_at is None:
                 joined_at = timeline["first_quorum"] = time.time()
-                # a node that joined late evaluates where the others do, not on joining
-                evaluations = int(full_steps() // eval_every)
                 metrics.start_timing(None)
             step = manager.current_step()
             if peer:
@@ -213,12 +212,11 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
             metrics.record_step(manager.current_step(), int(full_steps() // steps_per_epoch),
                                 time.time() - tick, loss.detach(),
                                 optimizer.param_groups[0]["lr"])
-            if full_steps() // eval_every > evaluations:
-                evaluations = int(full_steps() // eval_every)
+            if full_steps() // eval_every > before // eval_every:  # this step crossed one
                 accuracy, loss_value = _evaluate(cfg, model, dataset, ft, peer)
-                metrics.record_eval(manager.current_step(), 0, accuracy, loss_value)
-                metrics.curve[-1].update(epoch=round(full_steps() / steps_per_epoch, 4),
-                                         full_steps=full_steps(), nodes=ft.nodes)
+                metrics.record_eval(manager.current_step(), full_steps() / steps_per_epoch,
+                                    accuracy, loss_value)
+                metrics.curve[-1].update(full_steps=full_steps(), nodes=ft.nodes)
                 if metrics.stop_reason:
                     break
         job.set(DONE_KEY, str(manager.current_step()))  # a node back from now on has no job
@@ -239,8 +237,7 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
                 "timeline_s": {k: v - STARTED_AT for k, v in timeline.items()},
                 "events": events,
                 # every node that trained to the end holds the same weights: compared by digest
-                "weights_sha256": hashlib.sha256(b"".join(
-                    t.detach().contiguous().numpy().tobytes() for t in params)).hexdigest()}
+                "weights_sha256": per_step.weights_digest(params).hex()}
             write_json_atomic(out / f"node{node}.json" if out is not None else summary, result)
             if record is not None:
                 record.update(result)

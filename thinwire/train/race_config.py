@@ -17,7 +17,7 @@ from thinwire.train.config import TrainConfig
 PER_RUN = ("algorithm", "checkpoint", "checkpoint_every", "resume", "metrics", "summary",
            "stop_after", "eval_every", "progress", "ranks_per_node", "target_accuracy",
            "target_bits_per_byte", "stop_at_target", "budget_s", "log_every", "device",
-           "fault_tolerant", "resume_if_present")  # a race through failures: bench ft-cluster
+           "fault_tolerant", "resume_if_present")  # compare --fault-tolerant sets the first
 TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name not in PER_RUN)
 
 
