@@ -86,3 +86,19 @@ def test_bad_settings_are_refused_by_name(field, value, message):
 def test_replan_settings_apply_to_auto_only():
     with pytest.raises(ValueError, match="--algorithm auto"):
         TrainConfig(algorithm="hitopk", replan_share=0.5).validate()
+
+
+def test_a_recheck_the_host_bound_keeps_the_choice_and_says_why(world_of_one, monkeypatch):
+    from thinwire.train import auto
+
+    untrusted = {"nodes": 2, "goodput_Bps": 1e9, "trusted": False, "bound_by": "host",
+                 "why": "the host's CPUs were 99% busy during the probe"}
+    monkeypatch.setattr(auto, "probe_inter_node", lambda *a, **k: dict(untrusted))
+    cfg = TrainConfig(algorithm="auto", plan_from="x.json", ranks_per_node=1)
+    planner = replan.Replanner(cfg, {"probe": {"goodput_Bps": 1e7}, "choice": "hitopk"})
+    # a 100x faster link would re-plan (x.json does not exist: planning would fail loudly)
+    assert planner.check(train_time_s=5.0, step=3) is None
+    event = planner.events[-1]
+    assert event["kept"] == "hitopk" and event["bound_by"] == "host"
+    assert "99% busy" in event["reason"]
+    assert planner.basis == 1e7  # the plan's basis stays the trusted probe's

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from thinwire.cluster.cgroups import NodeCgroups
 from thinwire.cluster.spec import format_size
+# the whole host's CPU: every node of the emulated cluster shares these cores
+from thinwire.link_probe import read_host_cpu
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +39,6 @@ class NodeOutOfMemory(RuntimeError):
             f"node {node} exceeded its memory limit of {limit} (node_memory / --node-memory) and "
             f"the kernel killed {kills} of its processes (out of memory); peak usage of node "
             f"{node}: {peak}. Give the nodes more memory or make the job smaller")
-
-
-def read_host_cpu() -> tuple[int, int]:
-    """(busy, total) jiffies of the whole host (/proc/stat's first line): every node of the
-    emulated cluster shares these cores, so their saturation is the run's, not a node's."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return sum(fields) - idle, sum(fields)
 
 
 def read_net_dev(pid: int) -> dict[str, tuple[int, int]]:

@@ -20,8 +20,10 @@ and ``auto`` should trust a rate probe only from a ``link`` run.
 
 from __future__ import annotations
 
-LINK_BOUND = 0.8       # a node's best second reached this share of its rate: the wire bound it
-SATURATED = 0.95       # host CPU busy share of an interval that counts as saturated
+# the rules auto's link probe applies too (one declaration): a node's best second reached
+# LINK_BOUND of its rate: the wire bound it; an interval SATURATED busy: the host was saturated
+from thinwire.link_probe import LINK_BOUND, SATURATED, THROTTLED
+
 HOST_BOUND = 0.5       # share of the traffic intervals with a saturated host
 TRAFFIC = 0.05         # an interval counts as traffic above this share of the link rate
 WINDOW_S = 1.0
@@ -78,7 +80,7 @@ def assess(stats: dict, spec) -> dict:
                       "throttled_s": node.get("throttled_s")})
     link = any((n["link_peak_share"] or 0) >= LINK_BOUND for n in nodes)
     hosted = any((n["busy_share"] or 0) >= HOST_BOUND for n in nodes) or any(
-        duration and (n["throttled_s"] or 0) > 0.1 * duration for n in nodes)
+        duration and (n["throttled_s"] or 0) > THROTTLED * duration for n in nodes)
     verdict = "link" if link else "host" if hosted else "neither"
     return {"verdict": verdict, "nodes": nodes, "duration_s": round(duration, 3),
             "host_cpu_saturated_share": round(

@@ -6,7 +6,10 @@ When: right after an evaluation (every rank is there at the same step) once ``--
 seconds of training (the slowest rank's, the number every rank shares) have passed since the
 last check. The re-check probes with smaller all-reduces than the first choice (256 KiB and
 1 MiB, once each): at 25 Mbit/s it costs about half a second. Its time, the plan's and the
-switch's count as training time: the run's time to target pays for its adaptivity.
+switch's count as training time: the run's time to target pays for its adaptivity. A re-check
+the host bound (:mod:`thinwire.link_probe`'s verdict: saturated CPUs, a CPU quota, or under 80%
+of the emulator's configured rate) is no evidence of the link: the run keeps its choice and the
+check records why.
 
 The switch (:func:`switch`): the residuals a sparse algorithm (or PowerSGD) holds back mean the
 coordinates of its own buckets and settings, so they are flushed densely
@@ -31,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from thinwire import link_probe
 from thinwire.train import auto, grad_sync, modes
 
 log = logging.getLogger(__name__)
@@ -92,7 +96,7 @@ class Replanner:
         self._skip_interval = True
         began = time.perf_counter()
         if self._leaders is None:
-            self._leaders = auto.node_leaders_group(self.cfg.ranks_per_node,
+            self._leaders = link_probe.node_leaders_group(self.cfg.ranks_per_node,
                                                     self.cfg.collective_timeout_s)
             _warm_up(self._leaders)
         try:
@@ -106,6 +110,10 @@ class Replanner:
         change = goodput / self.basis - 1
         event = {"step": step, "at_s": train_time_s, "goodput_Bps": goodput,
                  "change": change, "probe_s": time.perf_counter() - began}
+        if not probe.get("trusted", True):  # it measured the host: no evidence of the link
+            self.events.append(dict(event, kept=self.current, bound_by=probe.get("bound_by"),
+                                    reason=f"probe not trusted: {probe.get('why')}"))
+            return None
         if abs(change) <= self.share:
             self.events.append(dict(event, kept=self.current))
             return None
@@ -167,7 +175,7 @@ def _warm_up(leaders_group) -> None:
     """One small exchange on a new leaders' group: its connections open outside the timing."""
     leaders, group = leaders_group
     if len(leaders) > 1 and dist.get_rank() in leaders:
-        dist.all_reduce(torch.ones(1024, device=auto.probe_device()), group=group)
+        dist.all_reduce(torch.ones(1024, device=link_probe.probe_device()), group=group)
 
 
 def resolved(original, chosen: dict):

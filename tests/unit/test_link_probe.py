@@ -1,0 +1,88 @@
+"""The link probe's watch on the host: the fidelity monitor's rules applied to one probe, the
+cgroup readings they rest on, and auto probing again where the host, not the link, was measured."""
+
+import pytest
+
+from thinwire import link_probe
+from thinwire.cluster import fidelity
+from thinwire.train import auto
+
+
+@pytest.mark.parametrize("busy, throttled, goodput, configured, expected", [
+    (0.97, 0.0, 90e6, 100e6, "host"),      # saturated CPUs: whatever the goodput
+    (0.50, 0.25, 90e6, 100e6, "host"),     # a quota held the probe back
+    (0.50, 0.0, 60e6, 100e6, "neither"),   # a free host under 80% of the configured rate
+    (0.50, 0.0, 90e6, 100e6, "link"),
+    (None, 0.0, 3e9, None, "link"),        # a real cluster: a free host is all it can check
+    (0.96, 0.0, 3e9, None, "host"),
+])
+def test_a_probe_is_trusted_only_where_the_link_set_its_pace(busy, throttled, goodput,
+                                                              configured, expected):
+    bound, why = link_probe.verdict(busy, throttled, goodput, configured)
+    assert bound == expected and why
+
+
+def test_the_emulators_monitor_and_the_probe_share_one_set_of_rules():
+    assert (fidelity.LINK_BOUND, fidelity.SATURATED, fidelity.THROTTLED) == (
+        link_probe.LINK_BOUND, link_probe.SATURATED, link_probe.THROTTLED)
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("nr_periods 10\nnr_throttled 2\nthrottled_time 1500000000\n", 1.5),  # cgroup v1: ns
+    ("usage_usec 9\nnr_throttled 2\nthrottled_usec 250000\n", 0.25),       # cgroup v2: us
+    ("usage_usec 9\n", 0.0),                                                 # no quota
+])
+def test_throttled_time_is_read_from_either_cgroup_version(tmp_path, text, seconds):
+    stat = tmp_path / "cpu.stat"
+    stat.write_text(text)
+    assert link_probe.read_throttled_s(stat) == seconds
+    assert link_probe.read_throttled_s(None) == 0.0
+    assert link_probe.read_throttled_s(tmp_path / "missing") == 0.0
+
+
+def test_the_watch_reports_the_hosts_busy_share_and_the_quotas_hold(tmp_path, monkeypatch):
+    readings = iter([(100, 1000), (195, 1100)])  # 95 of 100 jiffies busy
+    monkeypatch.setattr(link_probe, "read_host_cpu", lambda: next(readings))
+    stat = tmp_path / "cpu.stat"
+    stat.write_text("throttled_usec 0\n")
+    with link_probe.HostWatch(cpu_stat=stat) as watch:
+        stat.write_text(f"throttled_usec {10 ** 6}\n")  # a second held back...
+    assert watch.host_busy == pytest.approx(0.95)
+    assert watch.throttled_share > 1  # ...in a span far shorter than a second
+
+
+def test_the_watch_reads_this_host(tmp_path):
+    with link_probe.HostWatch() as watch:
+        sum(range(10 ** 5))
+    assert watch.host_busy is None or 0.0 <= watch.host_busy <= 1.0
+    assert watch.seconds > 0 and watch.throttled_share >= 0
+
+
+def _probe(goodput, trusted=True, nodes=2):
+    return {"nodes": nodes, "goodput_Bps": goodput if nodes > 1 else None,
+            "bound_by": "link" if trusted else "host", "trusted": trusted,
+            "why": "scripted", "host_busy": 0.5 if trusted else 0.99, "throttled_share": 0.0}
+
+
+def _scripted(monkeypatch, probes):
+    taken = iter(probes)
+    monkeypatch.setattr(auto, "probe_inter_node", lambda *a, **k: next(taken))
+
+
+def test_auto_probes_again_until_the_link_is_measured(monkeypatch):
+    _scripted(monkeypatch, [_probe(5e7, trusted=False), _probe(4e7)])
+    probe = auto.probe_trusted(2, tries=3, pause_s=0)
+    assert probe["goodput_Bps"] == 4e7 and probe["trusted"]
+    assert [t["bound_by"] for t in probe["tries"]] == ["host", "link"]
+
+
+def test_where_no_probe_is_trusted_auto_takes_the_fastest_and_says_so(monkeypatch):
+    _scripted(monkeypatch, [_probe(g, trusted=False) for g in (1e7, 3e7, 2e7)])
+    probe = auto.probe_trusted(2, tries=3, pause_s=0)
+    assert probe["goodput_Bps"] == 3e7 and not probe["trusted"]
+    assert len(probe["tries"]) == 3
+
+
+def test_one_node_has_no_link_to_trust(monkeypatch):
+    _scripted(monkeypatch, [_probe(None, nodes=1)])
+    assert auto.probe_trusted(1, tries=3, pause_s=0)["goodput_Bps"] is None
