@@ -45,7 +45,8 @@ from thinwire.topology import Topology
 def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None, *,
              state: Optional[SyncState] = None, topology: Optional[Topology] = None,
              ranks_per_node: Optional[int] = None,
-             timeout: Union[datetime.timedelta, float, None] = None, **settings) -> SyncState:
+             timeout: Union[datetime.timedelta, float, None] = None,
+             plan: Union[str, dict, None] = None, **settings) -> SyncState:
     """Register a thinwire algorithm on ``ddp_model``; returns its state (checkpoint it).
 
     ``algorithm`` (default "hitopk") and ``settings`` are :class:`SyncState`'s (density,
@@ -54,6 +55,12 @@ def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None
     holds its own settings, so none may be passed with it. ``timeout`` bounds every thinwire
     collective (default: the one given to ``init_process_group``); a peer that stops answering
     ends the step with an error naming the phase. Collective: every rank calls it.
+
+    ``algorithm="auto"`` with ``plan`` (``thinwire plan --json``'s file, or its dict): the node
+    leaders probe the link and the fastest candidate of the plan at the probed rate that a
+    thinwire hook runs is registered (:mod:`thinwire.plan_choice`); the state's ``auto`` holds
+    the probe, the choice and why. The plan chooses density, selector, sparse_wire and wire;
+    any other setting is the caller's.
 
     A failure in the hook reaches ``loss.backward()`` on this rank with its original message
     (DDP's C++ side re-raises it as a RuntimeError; ``thinwire.synchronize`` keeps the type).
@@ -73,17 +80,43 @@ def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None
             raise ValueError(f"state= already holds its settings (algorithm={state.algorithm!r}"
                              f", ...); got {sorted(given)} too: pass settings only for a new "
                              "state")
-    else:
-        # A bad setting fails here, before any collective call.
-        state = SyncState(None, algorithm if algorithm is not None else "hitopk", **settings)
+    if plan is not None and algorithm != "auto":
+        raise ValueError(f"plan= is for algorithm='auto', got algorithm={algorithm!r}")
     if topology is not None and not isinstance(topology, Topology):
         raise TypeError(f"topology must be a thinwire Topology, got {type(topology).__name__}")
+    chosen = None
+    if algorithm == "auto":
+        state, chosen, topology = _auto_state(plan, topology, ranks_per_node, timeout, settings)
+    elif state is None:
+        # A bad setting fails here, before any collective call.
+        state = SyncState(None, algorithm if algorithm is not None else "hitopk", **settings)
     state.attach(topology or Topology.shared(ranks_per_node, timeout))
+    if chosen is not None:
+        state.auto = chosen
     context = _HookContext(state, ddp_model.module)
     ddp_model.register_comm_hook(context, _hook)
     ddp_model._thinwire_state = state
     _MODELS.add(ddp_model)
     return state
+
+
+def _auto_state(plan, topology, ranks_per_node, timeout, settings):
+    """algorithm="auto": (the chosen state, the record, the topology). Every setting and the
+    plan are checked before the probe (the first collective call)."""
+    from thinwire import plan_choice
+
+    if plan is None:
+        raise ValueError("algorithm='auto' needs plan= (thinwire plan --json PATH's file, or "
+                         "its dict)")
+    checked = plan_choice.load(plan)
+    SyncState(None, "allreduce", **settings)  # the caller's own settings, checked now
+    topology = topology or Topology.shared(ranks_per_node, timeout)
+    plan_choice.check(checked, topology.world_size, topology.ranks_per_node, settings)
+    # the probe's collectives wait as long as the hook's would (PyTorch's default where unset)
+    timeout_s = topology.timeout.total_seconds() if topology.timeout else 1800.0
+    algorithm, chosen, record = plan_choice.resolve(checked, topology.world_size,
+                                                    topology.ranks_per_node, timeout_s, settings)
+    return SyncState(None, algorithm, **chosen, **settings), record, topology
 
 
 def flush_residuals(ddp_model: DistributedDataParallel):

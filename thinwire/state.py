@@ -135,6 +135,7 @@ class SyncState:
         self.error_feedback = error_feedback
         self.feedback = ErrorFeedback(error_feedback and spec.sparse, momentum_correction)
         self.topology = topology
+        self.auto = None  # algorithm="auto": what thinwire.ddp.register chose, and why
         self.steps = 0
         self._bucket = None  # the bucket being reduced, for error messages
         self._first_bad = None  # "raise": this step's first non-finite bucket + 1 (a tensor)
@@ -370,7 +371,7 @@ class SyncState:
                               ("weight_decay", 0.0), ("_bucket", None),
                               ("algorithm_options", {}), ("algorithm_state", {}),
                               ("sparse_wire", "fp32"), ("_first_bad", None),
-                              ("_step_device", None), ("_device", None)):
+                              ("_step_device", None), ("_device", None), ("auto", None)):
             state.setdefault(name, default)
         state.setdefault("_phase_events", [])  # a list of its own
         state.setdefault("error_feedback", bool(state["feedback"].get("enabled", True)))

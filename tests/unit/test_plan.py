@@ -163,3 +163,18 @@ def test_calibration_runs_paced_by_the_host_are_named_in_a_warning(tmp_path, cap
     out = capsys.readouterr().out
     assert "warning: 1 of 6 calibration runs were paced by the host" in out
     assert "allreduce@50mbit" in out
+
+
+def test_thinwire_plans_json_is_what_ddp_register_auto_reads(plan):
+    import json
+
+    from thinwire import plan_choice
+
+    result, _ = plan
+    loaded = plan_choice.load(json.loads(json.dumps(result)))  # through the JSON file's form
+    efficiency = loaded["inter_efficiency"]
+    assert 0 < efficiency <= 1
+    for one in loaded["plans"]:
+        algorithm, _, record = plan_choice.choose(loaded, one["inter_node_bps"] * efficiency / 8)
+        assert record["planned_at_bps"] == pytest.approx(one["inter_node_bps"])
+        assert algorithm == one["best"]["algorithm"]  # at a plan's own rate: its best

@@ -297,6 +297,8 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
         "workload": work.describe(), "training": dict(work.training),
         "nodes": nodes, "ranks_per_node": ranks_per_node, "compute_s": compute_s,
         "phase_form": form, "overlap": mode_name(mode), "calibrate_at": calibrate_at,
+        # the probe's goodput over this is the nominal rate (thinwire.plan_choice reads it)
+        "inter_efficiency": params.get("inter_efficiency"),
         "calibration": [str(p) for p in calibration], "steps_from": [str(p) for p in steps_files],
         "steps_spread_over_seeds": merged_spread(entries.values()),
         "steps_table": [e.row() for e in entries.values()],

@@ -4,7 +4,8 @@ At the start, before the model is built, every rank takes part in a probe of the
 link (:mod:`thinwire.link_probe`: the goodput and latency between the nodes' first ranks, with
 the host watched meanwhile). A probe the host bound, not the link (saturated CPUs, a CPU quota,
 or under 80% of the emulator's configured rate) is not trusted: it is taken again, up to
-``PROBE_TRIES`` times, and where none is trusted the fastest is used and the choice says so.
+``link_probe.PROBE_TRIES`` times, and where none is trusted the fastest is used and the
+choice says so.
 Rank 0 then ranks the candidates with :func:`thinwire.sim.plan.make_plan` - calibrated on
 ``--plan-from`` (thinwire compare results of this workload: the cost model is fitted on them
 and steps to target are read from them) - at the nominal rate the probe implies (goodput over
@@ -38,10 +39,6 @@ from thinwire.train import modes
 
 log = logging.getLogger(__name__)
 
-# a probe the host bound is taken again after a pause (another process's burst passes), this
-# many times in all
-PROBE_TRIES = 3
-PROBE_PAUSE_S = 0.5
 # how long the other ranks wait for the probe and rank 0's plan (its fit takes seconds to a
 # minute), whatever --collective-timeout is
 CHOOSING_TIMEOUT_S = 900.0
@@ -78,27 +75,11 @@ def probe_inter_node(ranks_per_node: int, timeout_s: float = CHOOSING_TIMEOUT_S,
 
 
 def probe_trusted(ranks_per_node: int, timeout_s: float = CHOOSING_TIMEOUT_S,
-                  tries: int = PROBE_TRIES, pause_s: float = PROBE_PAUSE_S) -> dict:
-    """The first probe that measured the link (the host watch's verdict), probing up to
-    ``tries`` times; where none did, the fastest of them (the host held each back, so the link
-    is at least that fast), marked untrusted. Every try's verdict goes into ``tries``.
-    Collective; every rank makes the same decisions (rank 0's probe is every rank's)."""
-    tried = []
-    for attempt in range(tries):
-        probe = probe_inter_node(ranks_per_node, timeout_s)
-        if probe["goodput_Bps"] is None:  # one node: nothing to trust or not
-            return probe
-        tried.append(probe)
-        if probe.get("trusted", True):
-            break
-        log.warning("auto: link probe %d of %d not trusted (%s)%s", attempt + 1, tries,
-                    probe.get("why"), "; probing again" if attempt + 1 < tries else "")
-        if attempt + 1 < tries:
-            time.sleep(pause_s)
-    best = probe if probe.get("trusted", True) else max(tried, key=lambda p: p["goodput_Bps"])
-    summary = [{k: p.get(k) for k in ("goodput_Bps", "bound_by", "why", "host_busy",
-                                      "throttled_share")} for p in tried]
-    return dict(best, tries=summary)
+                  tries: int = link_probe.PROBE_TRIES,
+                  pause_s: float = link_probe.PROBE_PAUSE_S) -> dict:
+    """:func:`thinwire.link_probe.probe_trusted` with this module's :func:`probe_inter_node`."""
+    return link_probe.probe_trusted(ranks_per_node, timeout_s, tries, pause_s,
+                                    probe=lambda *args: probe_inter_node(*args))
 
 
 @functools.lru_cache(maxsize=4)

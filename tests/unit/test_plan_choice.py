@@ -1,0 +1,112 @@
+"""thinwire.ddp.register(..., "auto", plan=...)'s choice from a plan, without a cluster: the
+plan's checks, the interpolation between its rates (hand-worked), and which candidates a
+thinwire hook runs."""
+
+import copy
+import math
+
+import pytest
+
+from thinwire import plan_choice
+
+
+def _row(candidate, algorithm, settings, t):
+    return {"candidate": candidate, "algorithm": algorithm, "settings": settings,
+            "time_to_target_s": t}
+
+
+def plan_of(nodes=2, ranks_per_node=1, efficiency=0.5):
+    """hitopk wins at 25 Mbit/s, PowerSGD would win at 100 Mbit/s, ddp-fp16 at 1 Gbit/s."""
+    candidates = {"hitopk": ("hitopk d=0.05", "hitopk", {"density": 0.05, "sparse_wire": "fp16"}),
+                  "fp16": ("ddp-fp16", "ddp-fp16", {}),
+                  "psgd": ("powersgd rank=4", "powersgd", {"powersgd_rank": 4})}
+    at = {25e6: {"hitopk": 10.0, "fp16": 40.0, "psgd": 12.0},
+          100e6: {"hitopk": 8.0, "fp16": 10.0, "psgd": 6.0},
+          1e9: {"hitopk": 8.0, "fp16": 4.0, "psgd": 6.0}}
+    return {"nodes": nodes, "ranks_per_node": ranks_per_node, "inter_efficiency": efficiency,
+            "plans": [{"inter_node_bps": bps,
+                       "rows": [_row(*candidates[c], t) for c, t in rows.items()]}
+                      for bps, rows in at.items()]}
+
+
+def test_times_between_two_rates_are_interpolated_in_log_rate_and_log_time():
+    times = plan_choice.predicted(plan_of(), 50e6)  # halfway from 25 to 100 Mbit/s in log rate
+    assert times["hitopk d=0.05"] == pytest.approx(math.sqrt(10.0 * 8.0))
+    assert times["ddp-fp16"] == pytest.approx(20.0)
+    assert plan_choice.predicted(plan_of(), 10e6)["ddp-fp16"] == 40.0  # below: the end's
+    assert plan_choice.predicted(plan_of(), 5e9)["ddp-fp16"] == 4.0
+
+
+def test_a_candidate_that_missed_the_target_next_to_the_rate_has_no_time():
+    plan = plan_of()
+    plan["plans"][1]["rows"][1]["time_to_target_s"] = None  # ddp-fp16 missed at 100 Mbit/s
+    times = plan_choice.predicted(plan, 50e6)
+    assert times["ddp-fp16"] is None and times["hitopk d=0.05"] is not None
+
+
+@pytest.mark.parametrize("goodput_mbit, algorithm, settings", [
+    (12.5 / 8 * 8, "hitopk", {"density": 0.05, "sparse_wire": "fp16"}),  # 25 Mbit/s nominal
+    (500 / 8 * 8, "allreduce", {"wire": "fp16"}),                         # 1 Gbit/s nominal
+])
+def test_the_fastest_candidate_a_hook_runs_is_chosen_at_the_nominal_rate(goodput_mbit,
+                                                                          algorithm, settings):
+    chosen, got, record = plan_choice.choose(plan_of(), goodput_mbit * 1e6 / 8)
+    assert (chosen, got) == (algorithm, settings)
+    assert record["planned_at_bps"] == pytest.approx(goodput_mbit * 1e6 * 2)  # efficiency 0.5
+
+
+def test_powersgd_ranked_first_is_named_but_not_registered():
+    chosen, settings, record = plan_choice.choose(plan_of(), 50e6 / 8)  # 100 Mbit/s nominal
+    assert chosen == "hitopk"
+    assert [s["candidate"] for s in record["ahead_but_not_a_thinwire_hook"]] == \
+        ["powersgd rank=4"]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda p: p.update(plans=[]), "'plans' must be a non-empty list"),
+    (lambda p: p["plans"][0].update(inter_node_bps=-1), "plans[0].inter_node_bps"),
+    (lambda p: p["plans"][1]["rows"][0].update(time_to_target_s=float("nan")),
+     "plans[1].rows[0].time_to_target_s"),
+    (lambda p: p["plans"][0]["rows"][2].pop("settings"), "plans[0].rows[2] needs"),
+    (lambda p: p.update(nodes="2"), "nodes must be an integer"),
+    (lambda p: p.update(inter_efficiency=0), "inter_efficiency must be a finite number"),
+])
+def test_a_bad_plan_is_refused_naming_the_field(change, message):
+    plan = copy.deepcopy(plan_of())
+    change(plan)
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        plan_choice.load(plan)
+
+
+def test_a_plan_file_that_is_not_json_is_refused(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not a readable JSON plan"):
+        plan_choice.load(path)
+
+
+def test_a_plan_for_another_cluster_or_settings_auto_chooses_are_refused():
+    with pytest.raises(ValueError, match="made for 2 x 1.*this run is 2 x 2"):
+        plan_choice.check(plan_of(), 4, 2, {})
+    with pytest.raises(ValueError, match="needs at least 2 nodes"):
+        plan_choice.check(plan_of(nodes=1, ranks_per_node=2), 2, 2, {})
+    with pytest.raises(ValueError, match=r"chooses density.*\['density'\]"):
+        plan_choice.check(plan_of(), 2, 1, {"density": 0.1, "weight_decay": 1e-4})
+
+
+def test_register_refuses_a_bad_auto_before_any_collective(world_of_one):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import thinwire.ddp
+
+    model = DDP(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="made for 2 x 1.*this run is 1 x 1"):
+        thinwire.ddp.register(model, "auto", plan=plan_of(), ranks_per_node=1)
+    with pytest.raises(ValueError, match="needs plan="):
+        thinwire.ddp.register(model, "auto")
+    with pytest.raises(ValueError, match="plan= is for algorithm='auto'"):
+        thinwire.ddp.register(model, "hitopk", plan=plan_of())
+    with pytest.raises(ValueError, match="nonfinite"):  # the caller's own settings too
+        thinwire.ddp.register(model, "auto", plan=plan_of(), nonfinite="ignore-it")
+    assert getattr(model, "_thinwire_state", None) is None  # nothing registered
