@@ -3,6 +3,8 @@ rank 0 plans, and every rank trains with the same choice; a plan that fails on r
 every rank with its error."""
 
 import sys
+
+import pytest
 from pathlib import Path
 
 from harness import run_ranks
@@ -15,13 +17,20 @@ import auto_workers  # noqa: E402
 
 def test_every_rank_trains_with_rank_0s_choice(tmp_path):
     path = _results(tmp_path, ranks_per_node=1)
-    results = run_ranks(auto_workers.resolve, 2, str(path), 1)
+    # each rank's compute-only step: their mean, 8 ms, is 10x faster than the calibration's
+    results = run_ranks(auto_workers.resolve, 2, str(path), 1, compute_ms=[6.0, 10.0])
     assert all("error" not in r for r in results), results
     assert len({(r["algorithm"], r["choice"], r["planned_at_bps"]) for r in results}) == 1
+    assert all(r["compute"]["probed_ms"] == 8.0 and r["compute"]["scale"] == pytest.approx(0.1)
+               for r in results)
+    probe = results[0]["probe"]  # every try of the link probe, with its verdict
+    assert 1 <= len(probe["tries"]) <= 3 and probe["bound_by"] in ("link", "host", "neither")
     first = results[0]
     assert first["plan_from"] == ""  # the resolved run is an ordinary one
     assert first["goodput"] > 1e6  # loopback: far faster than any shaped link
-    fastest = min(STEPS, key=lambda a: _truth_time(a, first["planned_at_bps"], tmp_path))
+    # the fastest at the probed rate with compute ~free: the fewest bytes
+    fastest = min(STEPS, key=lambda a: _truth_time(a, first["planned_at_bps"], tmp_path,
+                                                   compute_s=0.008))
     assert first["algorithm"] == fastest
 
 
@@ -30,3 +39,11 @@ def test_a_failed_plan_ends_every_rank_with_its_error(tmp_path):
     results = run_ranks(auto_workers.resolve, 2, str(path), 1, batch_size=64)
     messages = {r.get("error") for r in results}
     assert len(messages) == 1 and "batch_size 32 there, 64 here" in messages.pop()
+
+
+def test_the_training_loop_probes_its_compute_before_choosing(tmp_path):
+    path = _results(tmp_path, ranks_per_node=1)
+    record = run_ranks(auto_workers.train_auto, 2, str(path))[0]
+    compute = record["compute"]
+    assert compute["probed_ms"] > 0 and compute["calibration_ms"] == pytest.approx(80.0)
+    assert compute["planned_ms"] == pytest.approx(80.0 * compute["scale"])

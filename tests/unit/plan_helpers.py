@@ -53,10 +53,12 @@ def _results(tmp_path, seeds=(0,), extra_steps=None, ranks_per_node=2):
 _TRUTH_RUNS = {}
 
 
-def _truth_time(algorithm: str, bps: float, tmp_path) -> float:
-    """Steps x the generating model's step at ``bps``: the time to target by construction."""
+def _truth_time(algorithm: str, bps: float, tmp_path, compute_s: float | None = None) -> float:
+    """Steps x the generating model's step at ``bps``: the time to target by construction
+    (``compute_s``: a compute per step other than the generating one)."""
     if algorithm not in _TRUTH_RUNS:
         runs, _ = read_runs([_results(tmp_path)])
         _TRUTH_RUNS.update({r.algorithm: r for r in runs})
     run = dataclasses.replace(_TRUTH_RUNS[algorithm], inter_bps=bps, setting_index=0)
-    return STEPS[algorithm] * predict(run, TRUE, "hooks")["iteration_s"]
+    params = TRUE if compute_s is None else dict(TRUE, compute_s=[compute_s])
+    return STEPS[algorithm] * predict(run, params, "hooks")["iteration_s"]

@@ -52,3 +52,33 @@ def test_auto_settings_are_checked_before_anything_runs(tmp_path, change, messag
     cfg = dataclasses.replace(_cfg(_results(tmp_path)), **change)
     with pytest.raises(ValueError, match=message):
         cfg.validate()
+
+
+def test_the_compute_probe_scales_the_fitted_compute(tmp_path):
+    from thinwire.train import auto_compute
+
+    path = _results(tmp_path)
+    median, low, high = auto_compute.calibration_ms([path], 2, 2, "widecnn")
+    assert median == pytest.approx(80.0) and low <= median <= high
+    assert auto_compute.calibration_ms([path], 4, 1, "widecnn") is None  # another shape
+    assert auto_compute.calibration_ms([path], 2, 2, "lenet") is None
+    _, as_fitted = choose(_cfg(path), 2, {"goodput_Bps": 1e7})
+    _, faster = choose(_cfg(path), 2, {"goodput_Bps": 1e7}, compute_ms=8.0)  # 10x faster
+    assert as_fitted["compute"]["source"] == "calibration (not probed)"
+    assert faster["compute"]["scale"] == pytest.approx(0.1)
+    _, alike = choose(_cfg(path), 2, {"goodput_Bps": 1e7}, compute_ms=median)  # unscaled
+    assert alike["compute"]["scale"] == 1.0
+    assert "within its spread" in alike["compute"]["source"]
+    assert faster["compute"]["planned_ms"] == pytest.approx(
+        as_fitted["compute"]["planned_ms"] / 10)
+    assert faster["predicted_time_to_target_s"] < as_fitted["predicted_time_to_target_s"]
+
+
+def test_a_cluster_that_computes_much_slower_changes_the_choice(tmp_path):
+    # by construction hitopk needs 4x the all-reduce's steps and wins at 50 Mbit/s on the
+    # calibration's compute; where a step's compute is 10x that, the fewest steps win
+    path = _results(tmp_path)
+    goodput = 0.85 * 5e7 / 8
+    as_fitted, _ = choose(_cfg(path), 2, {"goodput_Bps": goodput})
+    slow, _ = choose(_cfg(path), 2, {"goodput_Bps": goodput}, compute_ms=800.0)
+    assert (as_fitted["algorithm"], slow["algorithm"]) == ("hitopk", "allreduce")

@@ -30,6 +30,7 @@ BENCH_MODULES = [
     "thinwire.bench.dlcp",
     "thinwire.bench.wavelet",
     "thinwire.bench.wavelet_pipeline",
+    "thinwire.bench.auto_grid",
 ]
 
 

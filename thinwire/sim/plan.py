@@ -257,8 +257,10 @@ def fitted_compute(params: dict, runs: list, nodes: int, ranks_per_node: int) ->
 def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
               ranks_per_node: int | None, rates: list, compute_ms: float | None = None,
               calibrate_at: str | None = None, form: str = "max", fitted=None,
-              with_break_even: bool = True) -> dict:
+              with_break_even: bool = True, compute_scale: float = 1.0) -> dict:
     """``fitted``: :func:`calibrated`'s result, where the caller has it already;
+    ``compute_scale``: the fitted compute per step times this (auto's compute probe: this
+    cluster's compute-only step over the calibration runs');
     ``with_break_even``: False skips the break-even search (nine tenths of a plan's time: auto's
     re-planning needs only the ranking)."""
     params, mode, runs = fitted or calibrated(calibration, calibrate_at, form)
@@ -284,6 +286,7 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
         if compute_s is None:
             raise ValueError(f"--compute-ms: the calibration has no run on {nodes} x "
                              f"{ranks_per_node}; give the compute time per step measured there")
+        compute_s *= compute_scale
     candidates = grid(workload, nodes, ranks_per_node, entries)  # the same at every rate
     plans = []
     for rate in rates:

@@ -14,10 +14,10 @@ The run then trains with that candidate's settings; the probe (every try), the c
 runners-up go into the summary (``auto``). While it trains, :mod:`thinwire.train.replan`
 probes again and may switch.
 
-The compute time per step is the calibration's for this cluster shape (the emulator's nodes
-share one host, as the calibration runs did), not probed. A failure on rank 0 (no steps
-measured for this training, a file that is not compare's results) reaches every rank as the
-same ValueError.
+The compute per step is the calibration's fit, scaled by this cluster's compute-only step over
+the calibration runs' (:mod:`thinwire.train.auto_compute`: every rank times a few steps without
+communication before the choice). A failure on rank 0 (no steps measured for this training, a
+file that is not compare's results) reaches every rank as the same ValueError.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from thinwire import link_probe
 from thinwire.link_probe import PROBE_BYTES, PROBE_REPEATS
-from thinwire.train import modes
+from thinwire.train import auto_compute, modes
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +92,12 @@ def _calibrated(files: tuple):
 
 
 def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
-           current: str | None = None) -> tuple[dict, dict]:
+           current: str | None = None, compute_ms: float | None = None) -> tuple[dict, dict]:
     """(settings to apply to ``cfg``, what the summary records), on rank 0.
     ``per_step_only``: DiLoCo candidates left out (a running per-step loop switches only to
     another per-step synchronisation); ``current``: a candidate whose predicted time to
-    target is recorded too (``current_time_to_target_s``; None where it is not ranked)."""
+    target is recorded too (``current_time_to_target_s``; None where it is not ranked);
+    ``compute_ms``: this cluster's compute-only step (:mod:`auto_compute`), None: the fit's."""
     from thinwire.sim.plan import make_plan
     from thinwire.sim.steps import WORKLOAD_FIELDS, entries_for, read_table
 
@@ -117,14 +118,18 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
     if differ:
         raise ValueError("--plan-from measured another training than this run's: " + ", ".join(
             f"{k} {a!r} there, {b!r} here" for k, (a, b) in sorted(differ.items())))
+    compute = auto_compute.scale(compute_ms, auto_compute.calibration_ms(
+        files, nodes, cfg.ranks_per_node, cfg.model))
     plan = make_plan(files, files, found[0], nodes, cfg.ranks_per_node, [bps], fitted=fitted,
-                     with_break_even=not per_step_only)  # re-planning needs the ranking only
+                     with_break_even=not per_step_only,  # re-planning needs the ranking only
+                     compute_scale=compute["scale"])
     rows = [r for r in plan["plans"][0]["rows"] if r["time_to_target_s"] is not None
             and (not per_step_only or modes.mode_of(r["algorithm"]).per_step)]
     if not rows:
         raise ValueError("--plan-from holds no candidate that reached the target")
     best = rows[0]
     info = {"probe": probe, "planned_at_bps": bps, "choice": best["candidate"],
+            "compute": dict(compute, planned_ms=1e3 * plan["compute_s"]),
             "predicted_time_to_target_s": best["time_to_target_s"],
             "runners_up": [{"candidate": r["candidate"], "vs_choice": r["vs_best"]}
                            for r in rows[1:1 + RUNNERS_UP]],
@@ -162,8 +167,10 @@ def _no_hook_state(saved, algorithm: str, shapes: list) -> None:
                      "they chose)")
 
 
-def resolve(cfg):
-    """``cfg`` with auto's choice applied (collective: every rank calls it), and the record."""
+def resolve(cfg, measure_compute=None):
+    """``cfg`` with auto's choice applied (collective: every rank calls it), and the record.
+    ``measure_compute()``: this rank's compute-only step in ms (the training loop's timing,
+    collective), or None: the plan's compute is the calibration's."""
     from thinwire.train import settings
 
     nodes = dist.get_world_size() // cfg.ranks_per_node
@@ -175,10 +182,11 @@ def resolve(cfg):
     try:
         probe = probe_trusted(cfg.ranks_per_node, timeout_s)
         probe["seconds"] = time.perf_counter() - began
+        compute_ms = auto_compute.probe_ms(cfg, waiting, measure_compute)
         message = None
         if dist.get_rank() == 0:
             try:
-                chosen, info = choose(cfg, nodes, probe)
+                chosen, info = choose(cfg, nodes, probe, compute_ms=compute_ms)
                 message = {"chosen": chosen, "info": info}
             except Exception as exc:  # every rank ends with rank 0's error, none waits on
                 message = {"error": f"{exc}" if isinstance(exc, (ValueError, OSError))

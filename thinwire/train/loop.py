@@ -57,7 +57,7 @@ def train(cfg: TrainConfig) -> dict:
         if chooser is None:
             return _train(cfg, device)
         with noting(dist.get_rank(), "choosing the algorithm (--algorithm auto)", 0):
-            resolved, record = chooser(cfg)
+            resolved, record = chooser(cfg, lambda: _compute_before_choosing(cfg, device))
         replanner = None
         if cfg.replan_every_s > 0 and modes.mode_of(resolved.algorithm).per_step:
             replanner = replan.Replanner(cfg, record,  # DiLoCo's loop is not switched
@@ -217,6 +217,15 @@ def say_training_started() -> None:
     if path:
         with open(path, "a"):
             pass
+
+
+def _compute_before_choosing(cfg: TrainConfig, device: torch.device) -> float | None:
+    """This rank's compute-only step (ms) on the run's model, data and optimizer, for a mode
+    that chooses before it trains (auto's compute probe); collective."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ds, module, _, total_steps, _, _ = setup_run(cfg, rank, world, device)
+    batches = data.rank_batches(len(ds), cfg.batch_size, rank, world, cfg.seed, 0)
+    return compute_only_ms(cfg, module, ds, batches, device, total_steps)
 
 
 def setup_run(cfg: TrainConfig, rank: int, world: int, device: torch.device):

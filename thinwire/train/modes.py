@@ -40,9 +40,10 @@ class Mode:
     # the registered algorithms (thinwire.collectives) a TrainConfig of this mode runs: the
     # ones whose declared options (--algorithm-option) it takes
     collectives: Callable[[Any], tuple[str, ...]] = lambda cfg: ()
-    # a mode whose runs choose their algorithm when they start (auto): (cfg) -> (the chosen
-    # cfg, a record for the summary), collective; the run then builds the chosen mode
-    resolve: Callable[[Any], tuple[Any, dict]] | None = None
+    # a mode whose runs choose their algorithm when they start (auto): (cfg, measure_compute)
+    # -> (the chosen cfg, a record for the summary), collective; the run then builds the
+    # chosen mode. measure_compute(): this rank's compute-only step in ms (collective)
+    resolve: Callable[[Any, Callable[[], Any]], tuple[Any, dict]] | None = None
 
 
 def _check_per_step(cfg) -> None:

@@ -59,6 +59,7 @@ class Replanner:
         self._skip_interval = False  # the interval after a check holds the check's own time
         self.every_s, self.share = cfg.replan_every_s, cfg.replan_share
         self.basis = info["probe"]["goodput_Bps"]  # the goodput the current plan was made at
+        self.compute_ms = (info.get("compute") or {}).get("probed_ms")  # the first choice's
         self.current = info["choice"]
         self.checked_at_s = 0.0
         self.pace: float | None = None  # seconds a step at the last check (or switch)
@@ -121,7 +122,8 @@ class Replanner:
         if dist.get_rank() == 0:
             try:
                 chosen, info = auto.choose(self.cfg, probe["nodes"], probe,
-                                           per_step_only=True, current=self.current)
+                                           per_step_only=True, current=self.current,
+                                           compute_ms=self.compute_ms)
                 message = {"chosen": chosen, "choice": info["choice"],
                            "planned_at_bps": info["planned_at_bps"],
                            "best_s": info["predicted_time_to_target_s"],

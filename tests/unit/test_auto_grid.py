@@ -1,0 +1,65 @@
+"""bench auto-grid: issue 31's targets from compare results, on hand-made races whose answers
+are known (no cluster)."""
+
+import argparse
+import json
+import math
+
+import pytest
+
+from thinwire.bench import auto_grid
+
+
+def _run(algorithm, rate, t, choice=None):
+    run = {"algorithm": algorithm, "inter_node_bandwidth": rate, "budget_s": 60.0,
+           "status": "ok", "time_to_target_s": t, "train_time_s": t or 60.0}
+    if choice:
+        run["auto"] = {"choice": choice, "probe": {"bound_by": "link"}}
+    return run
+
+
+def _results(tmp_path, name, workload, runs):
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"setting": {"workload": workload, "nodes": 2,
+                                            "ranks_per_node": 2}, "runs": runs}))
+    return str(path)
+
+
+def test_targets_are_judged_per_cell_and_over_the_grid(tmp_path, capsys):
+    a = _results(tmp_path, "a", "mnist", [
+        _run("auto", "25mbit", 10.5, "hitopk d=0.05"), _run("hitopk", "25mbit", 10.0),
+        _run("ddp", "25mbit", None),                       # missed: counts at the budget
+        _run("auto", "1gbit", 5.0, "ddp-fp16 x"), _run("hitopk", "1gbit", 8.0),
+        _run("ddp", "1gbit", 4.0)])                        # auto 25% slower here
+    result = auto_grid.run(argparse.Namespace(results=[a], json=str(tmp_path / "g.json")))
+    rows = {r["rate"]: r for r in result["rows"]}
+    assert rows["25mbit"]["fastest"] == "hitopk" and rows["25mbit"]["within_10pct"]
+    assert rows["25mbit"]["vs_fastest"] == pytest.approx(1.05)
+    assert rows["25mbit"]["ddp_s"] is None and rows["25mbit"]["auto_choice"] == "hitopk"
+    assert rows["1gbit"]["vs_fastest"] == pytest.approx(1.25)
+    assert not rows["1gbit"]["within_10pct"]
+    summary = {r["algorithm"]: r for r in result["summary"]}
+    assert summary["auto"]["within_10pct_share"] == 0.5
+    assert summary["auto"]["worst_vs_fastest"] == pytest.approx(1.25)
+    assert summary["ddp"]["missed"] == 1
+    assert summary["ddp"]["geomean_s"] == pytest.approx(math.sqrt(60.0 * 4.0))
+    assert summary["auto"]["geomean_s"] == pytest.approx(math.sqrt(10.5 * 5.0))
+    assert summary["auto"]["lowest_geomean"]  # 7.2 against hitopk's 8.9 and ddp's 15.5
+    assert json.loads((tmp_path / "g.json").read_text())["rows"] == result["rows"]
+    assert "vs_fastest" in capsys.readouterr().out
+
+
+def test_a_rerun_in_a_later_file_replaces_the_earlier_run(tmp_path):
+    first = _results(tmp_path, "a", "lm", [_run("auto", "100mbit", 30.0, "hitopk"),
+                                           _run("hitopk", "100mbit", 20.0)])
+    again = _results(tmp_path, "b", "lm", [_run("auto", "100mbit", 21.0, "hitopk")])
+    result = auto_grid.run(argparse.Namespace(results=[first, again], json=None))
+    assert result["rows"][0]["vs_fastest"] == pytest.approx(1.05)
+
+
+def test_results_without_auto_are_refused(tmp_path):
+    path = _results(tmp_path, "a", "lm", [_run("hitopk", "100mbit", 20.0)])
+    with pytest.raises(ValueError, match="no cell with an auto run"):
+        auto_grid.run(argparse.Namespace(results=[path], json=None))
+    with pytest.raises(ValueError, match="--results: .* is not a file"):
+        auto_grid.run(argparse.Namespace(results=[str(tmp_path / "x.json")], json=None))

@@ -1,0 +1,132 @@
+"""``thinwire bench auto-grid``: issue 31's targets, read from ``thinwire compare`` races of
+``auto`` beside fixed choices (every cell: a workload, a cluster shape, a link rate).
+
+    thinwire bench auto-grid --results R1.json R2.json ... --json docs/results/auto/grid.json
+
+Per cell: every fixed choice's time to target, the fastest of them, auto's time, its ratio to
+the fastest and what auto chose. Over the cells: the share where auto was within 10% of the
+fastest (target: >= 90%), its worst ratio (target: <= 1.25), and the geometric mean of each
+algorithm's time to target over the cells (target: auto's the lowest). A run that missed the
+target counts at its budget in the geometric means (a lower bound of its time: the mean
+flatters it) and is marked. Nothing here measures: it reads results.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from thinwire.bench.report import format_table, save_if_asked
+
+WITHIN = 1.10    # auto within 10% of the fastest fixed choice...
+SHARE = 0.90     # ...in at least this share of the cells
+WORST = 1.25     # and never more than 25% slower
+
+
+def _cells(paths: list[str]) -> dict:
+    """{(workload, shape, rate): {algorithm: run}} over every results file (the last file's
+    run wins where two hold the same cell and algorithm: a rerun replaces)."""
+    cells: dict = {}
+    for path in paths:
+        results = json.loads(Path(path).read_text())
+        setting = results.get("setting") or {}
+        shape = f"{setting.get('nodes')}x{setting.get('ranks_per_node')}"
+        for run in results.get("runs", []):
+            key = (setting.get("workload"), shape, run.get("inter_node_bandwidth"))
+            cells.setdefault(key, {})[run["algorithm"]] = run
+    return cells
+
+
+def _time(run: dict) -> tuple[float | None, bool]:
+    """(time to target, or the budget where it missed; whether it missed)."""
+    if run.get("status") == "ok" and run.get("time_to_target_s") is not None:
+        return float(run["time_to_target_s"]), False
+    budget = run.get("budget_s") or run.get("train_time_s")
+    return (float(budget) if budget else None), True
+
+
+def cell_row(key: tuple, runs: dict) -> dict | None:
+    workload, shape, rate = key
+    auto = runs.get("auto")
+    fixed = {a: _time(r) for a, r in runs.items() if a != "auto"}
+    reached = {a: t for a, (t, missed) in fixed.items() if not missed and t is not None}
+    if auto is None or not fixed:
+        return None
+    auto_s, auto_missed = _time(auto)
+    fastest = min(reached, key=reached.get) if reached else None
+    ratio = (auto_s / reached[fastest]) if fastest and auto_s and not auto_missed else None
+    record = auto.get("auto") or {}
+    return {"workload": workload, "shape": shape, "rate": rate,
+            "auto_s": None if auto_missed else auto_s,
+            "auto_choice": (record.get("choice") or "?").split(" ")[0],
+            "fastest": fastest, "fastest_s": reached.get(fastest),
+            "vs_fastest": ratio, "within_10pct": ratio is not None and ratio <= WITHIN,
+            "probe_bound_by": (record.get("probe") or {}).get("bound_by"),
+            "fidelity": (auto.get("fidelity") or {}).get("verdict"),
+            **{f"{a}_s": (None if missed else t) for a, (t, missed) in sorted(fixed.items())}}
+
+
+def summary(cells: dict, rows: list[dict]) -> list[dict]:
+    """One row per algorithm: its geometric mean time over the cells every algorithm ran (a
+    miss at its budget), the misses; auto's row also the targets' shares."""
+    algorithms = sorted({a for runs in cells.values() for a in runs})
+    common = [k for k, runs in cells.items() if all(a in runs for a in algorithms)]
+    out = []
+    for algorithm in algorithms:
+        times = [_time(cells[k][algorithm]) for k in common]
+        usable = [t for t, _ in times if t]
+        out.append({"algorithm": algorithm, "cells": len(common),
+                    "missed": sum(missed for _, missed in times),
+                    "geomean_s": math.exp(sum(map(math.log, usable)) / len(usable))
+                    if usable and len(usable) == len(times) else None})
+    judged = [r for r in rows if r["vs_fastest"] is not None or r["auto_s"] is None]
+    auto = next((r for r in out if r["algorithm"] == "auto"), None)
+    if auto is not None and judged:
+        ratios = [r["vs_fastest"] for r in judged if r["vs_fastest"] is not None]
+        others = [r["geomean_s"] for r in out if r["algorithm"] != "auto"]
+        auto.update({
+            "within_10pct_share": sum(r["within_10pct"] for r in judged) / len(judged),
+            "worst_vs_fastest": max(ratios) if ratios else None,
+            "lowest_geomean": auto["geomean_s"] is not None and all(
+                o is None or auto["geomean_s"] < o for o in others)})
+    return out
+
+
+def run(args) -> dict:
+    for path in args.results:
+        if not Path(path).is_file():
+            raise ValueError(f"--results: {path} is not a file")
+    cells = _cells(args.results)
+    rows = [r for r in (cell_row(k, runs) for k, runs in sorted(
+        cells.items(), key=lambda kv: (kv[0][0] or "", kv[0][1], _rate_order(kv[0][2]))))
+        if r is not None]
+    if not rows:
+        raise ValueError("--results hold no cell with an auto run and a fixed choice")
+    result = {"rows": rows, "summary": summary(cells, rows),
+              "targets": {"within": WITHIN, "share": SHARE, "worst": WORST},
+              "results": list(args.results)}
+    print(format_table(rows, ["workload", "shape", "rate", "auto_s", "auto_choice", "fastest",
+                              "fastest_s", "vs_fastest", "probe_bound_by", "fidelity"]))
+    print()
+    print(format_table(result["summary"], ["algorithm", "cells", "missed", "geomean_s"]))
+    save_if_asked(args.json, result)
+    return result
+
+
+def _rate_order(rate) -> float:
+    from thinwire.cluster.spec import parse_rate
+
+    try:
+        return float(parse_rate(rate)) if rate not in (None, "none") else math.inf
+    except ValueError:
+        return math.inf
+
+
+def register(bench_subparsers) -> None:
+    parser = bench_subparsers.add_parser(
+        "auto-grid", help="issue 31's targets from compare races of auto beside fixed choices")
+    parser.add_argument("--results", nargs="+", required=True, metavar="RESULTS_JSON",
+                        help="thinwire compare results.json files (one per workload and shape)")
+    parser.add_argument("--json", default=None, help="write the table and summary here")
+    parser.set_defaults(func=run)

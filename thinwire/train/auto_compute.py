@@ -1,0 +1,69 @@
+"""``--algorithm auto``'s compute probe: how fast this cluster computes a step, against the
+calibration's.
+
+The plan's compute per step is fitted on the calibration races (``--plan-from``), which may have
+run on other machines than this run (a laptop's emulator, another GPU). Before it chooses, every
+rank times ``--compute-probe-iters`` steps of the run's model and optimizer without any
+communication, all ranks at once (so the host is as contended as in training), exactly as
+``thinwire train`` times its compute-only steps (``compute_ms_per_iter`` in every result). The
+ratio of this run's time to the calibration runs' median of that same measurement scales the
+fitted compute: a like-for-like ratio, so what the fit folds into "compute" (the optimizer,
+the hook's own work) scales with it. Where the probe lies within the calibration runs' own
+spread of that measurement, the cluster computes as they did and the fit is used unscaled (on
+the 2-core development machine the spread is 41-106 ms over the MNIST sweep: a 5-step probe's
+noise would otherwise move the plan).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def probe_ms(cfg, group, measure) -> float | None:
+    """The mean over ranks of each rank's median compute-only step (ms): ``measure()``, the
+    training loop's own timing (collective); None where ``--compute-probe-iters`` is 0 or no
+    ``measure`` is given. ``group``: a gloo group of every rank."""
+    if not cfg.compute_probe_iters or measure is None:
+        return None
+    total = torch.tensor([float(measure())], dtype=torch.float64)
+    dist.all_reduce(total, group=group)
+    return total.item() / dist.get_world_size()
+
+
+def calibration_ms(files: list, nodes: int, ranks_per_node: int,
+                   model: str) -> tuple[float, float, float] | None:
+    """(median, lowest, highest) ``compute_ms_per_iter`` of the calibration's runs of this
+    cluster shape and model; None where none recorded it."""
+    values = []
+    for path in files:
+        results = json.loads(Path(path).read_text())
+        setting = results.get("setting") or {}
+        for run in results.get("runs", []):
+            def field(name, run=run):  # a run's own, else its race's setting
+                return run.get(name, setting.get(name))
+            shape = (field("nodes"), run["world_size"] // field("nodes")
+                     if run.get("world_size") and field("nodes") else
+                     setting.get("ranks_per_node"))
+            if field("model") == model and shape == (nodes, ranks_per_node) and \
+                    isinstance(run.get("compute_ms_per_iter"), (int, float)):
+                values.append(float(run["compute_ms_per_iter"]))
+    return (statistics.median(values), min(values), max(values)) if values else None
+
+
+def scale(probed_ms: float | None, calibrated: tuple | None) -> dict:
+    """The record, with ``scale``: 1.0 where either side is missing, or where the probe lies
+    within the calibration runs' own spread (this cluster computes as they did: a scale
+    would only carry the probe's noise); else the probe over their median."""
+    if not probed_ms or not calibrated:
+        return {"probed_ms": probed_ms, "calibration_ms": calibrated and calibrated[0],
+                "scale": 1.0, "source": "calibration (not probed)"}
+    median, low, high = calibrated
+    inside = low <= probed_ms <= high
+    return {"probed_ms": probed_ms, "calibration_ms": median,
+            "calibration_range_ms": [low, high], "scale": 1.0 if inside else probed_ms / median,
+            "source": "calibration (the probe lies within its spread)" if inside else "probed"}
