@@ -39,7 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from thinwire import collectives
 from thinwire.state import SyncState
-from thinwire.topology import Topology
+from thinwire.topology import Topology, ranks_per_node_of
 
 
 def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None, *,
@@ -86,7 +86,8 @@ def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None
         raise TypeError(f"topology must be a thinwire Topology, got {type(topology).__name__}")
     chosen = None
     if algorithm == "auto":
-        state, chosen, topology = _auto_state(plan, topology, ranks_per_node, timeout, settings)
+        state, chosen, topology = _auto_state(ddp_model, plan, topology, ranks_per_node,
+                                              timeout, settings)
     elif state is None:
         # A bad setting fails here, before any collective call.
         state = SyncState(None, algorithm if algorithm is not None else "hitopk", **settings)
@@ -100,23 +101,54 @@ def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None
     return state
 
 
-def _auto_state(plan, topology, ranks_per_node, timeout, settings):
-    """algorithm="auto": (the chosen state, the record, the topology). Every setting and the
-    plan are checked before the probe (the first collective call)."""
-    from thinwire import plan_choice
+def _auto_state(ddp_model, plan, topology, ranks_per_node, timeout, settings):
+    """algorithm="auto": (the chosen state, the record, the topology). The plan and the
+    caller's settings are checked on every rank before the probe, and a rank whose check
+    failed ends every rank (its own error there, a note naming it elsewhere): none waits."""
+    from thinwire import link_probe, plan_choice
 
     if plan is None:
         raise ValueError("algorithm='auto' needs plan= (thinwire plan --json PATH's file, or "
                          "its dict)")
-    checked = plan_choice.load(plan)
-    SyncState(None, "allreduce", **settings)  # the caller's own settings, checked now
+    shape = _world_and_ranks_per_node(topology, ranks_per_node)
+    device = link_probe.probe_device(next(ddp_model.module.parameters(), torch.empty(0)).device)
+
+    def fits(algorithm: str, chosen: dict) -> str | None:
+        try:
+            SyncState(None, algorithm, **chosen, **settings)
+        except (TypeError, ValueError) as exc:
+            return str(exc)
+        return None
+    error, checked = None, None
+    try:
+        checked = plan_choice.load(plan)
+        # a bad value, or one that suits no algorithm (a sparse-only setting suits the sparse
+        # candidates alone: the choice keeps to them)
+        why = [fits(name, {}) for name in ("hitopk", "allreduce")]
+        if all(why):
+            raise ValueError(f"algorithm='auto': these settings suit neither hitopk nor "
+                             f"allreduce: {why[0]}")
+        plan_choice.check(checked, *shape, settings)
+    except ValueError as exc:
+        error = exc
+    plan_choice.agree(error, device, "checking its plan and settings")
     topology = topology or Topology.shared(ranks_per_node, timeout)
-    plan_choice.check(checked, topology.world_size, topology.ranks_per_node, settings)
     # the probe's collectives wait as long as the hook's would (PyTorch's default where unset)
     timeout_s = topology.timeout.total_seconds() if topology.timeout else 1800.0
-    algorithm, chosen, record = plan_choice.resolve(checked, topology.world_size,
-                                                    topology.ranks_per_node, timeout_s, settings)
+    algorithm, chosen, record = plan_choice.resolve(checked, topology.ranks_per_node,
+                                                    timeout_s, fits, device)
     return SyncState(None, algorithm, **chosen, **settings), record, topology
+
+
+def _world_and_ranks_per_node(topology, ranks_per_node) -> tuple[int, int]:
+    """The cluster's shape before any group is built (a bad plan fails before a collective)."""
+    if topology is not None:
+        return topology.world_size, topology.ranks_per_node
+    if not dist.is_initialized():
+        raise RuntimeError("algorithm='auto' needs torch.distributed initialised "
+                           "(init_process_group) before thinwire.ddp.register")
+    world = dist.get_world_size()
+    return world, ranks_per_node_of(ranks_per_node, world)
 
 
 def flush_residuals(ddp_model: DistributedDataParallel):

@@ -12,18 +12,21 @@ emulator's fidelity monitor (``thinwire.cluster.fidelity``, which imports them f
 * ``host``: the host's CPUs were saturated (>= 95% busy on average over the probe), or this
   process's CPU quota held it back for more than a tenth of the probe;
 * ``link``: neither, and the goodput reached 80% of the configured rate where one is known
-  (the emulator tells its ranks: ``THINWIRE_INTER_NODE_BPS``);
+  (the emulator tells its ranks: ``THINWIRE_INTER_NODE_BPS``, unless a bandwidth schedule
+  changes it while the job runs; rank 0's rate is every rank's);
 * ``neither``: a free host, yet the goodput stayed under 80% of the configured rate (latency,
   or a link shaped other than configured).
 
 A probe is *trusted* only where the verdict is ``link``. On a real cluster nothing tells the
-rank its configured rate, so a free, unthrottled host is all it can check.
+rank its configured rate, so a free, unthrottled host is all it can check. Every number the
+verdict rests on travels in rank 0's broadcast, so every rank reaches the same verdict.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import math
 import os
 import statistics
 import time
@@ -34,7 +37,10 @@ import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
-PROBE_BYTES = (1 << 20, 8 << 20)  # two sizes: their difference cancels the fixed costs
+# two sizes, their difference cancels the fixed costs: 1 MiB, and a larger one that keeps the
+# wire busy about PROBE_EXTRA_S longer (2-8 MiB)
+PROBE_SMALL_BYTES = 1 << 20
+PROBE_EXTRA_S = 0.3
 PROBE_REPEATS = 3
 # a probe the host bound is taken again after a pause (another process's burst passes), this
 # many times in all
@@ -46,6 +52,7 @@ LINK_BOUND = 0.8       # the goodput reached this share of the configured rate: 
 SATURATED = 0.95       # host CPU busy share that counts as saturated
 THROTTLED = 0.1        # share of the time a CPU quota held the process back: the host bound it
 CONFIGURED_RATE_ENV = "THINWIRE_INTER_NODE_BPS"  # set by the emulator's launcher on its ranks
+SCHEDULED_ENV = "THINWIRE_LINK_RATE_SCHEDULED"  # ...and this where a schedule changes that rate
 
 
 def node_leaders_group(ranks_per_node: int, timeout_s: float):
@@ -56,11 +63,14 @@ def node_leaders_group(ranks_per_node: int, timeout_s: float):
     return leaders, group
 
 
-def probe_device() -> torch.device:
+def probe_device(near: torch.device | None = None) -> torch.device:
     """Where the probe's buffers live: the gradients' device where NCCL carries them (a CUDA
     run's group is "cpu:gloo,cuda:nccl"), so the probe measures the backend the run trains
-    with."""
+    with. ``near``: the model's device (a script that never called torch.cuda.set_device has
+    every rank's current device at cuda:0)."""
     if "nccl" in str(dist.get_backend()):
+        if near is not None and near.type == "cuda":
+            return near
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -105,7 +115,10 @@ def read_throttled_s(cpu_stat: Path | None) -> float:
 
 
 def configured_bps() -> float | None:
-    """The inter-node rate the emulator shaped, where this rank runs on it."""
+    """The inter-node rate the emulator shaped, where this rank runs on it and no bandwidth
+    schedule changes it (under a schedule the start's rate says nothing of the link now)."""
+    if os.environ.get(SCHEDULED_ENV):
+        return None
     value = os.environ.get(CONFIGURED_RATE_ENV)
     try:
         return float(value) if value else None
@@ -171,53 +184,74 @@ def _timed_all_reduce(buffer: torch.Tensor, group) -> float:
     return time.perf_counter() - begin
 
 
-def probe_inter_node(ranks_per_node: int, timeout_s: float, sizes: tuple = PROBE_BYTES,
-                     repeats: int = PROBE_REPEATS, leaders_group: tuple | None = None) -> dict:
+def larger_probe_size(small: int, small_s: float, group, device) -> int:
+    """The larger probe size, the same on every leader: enough bytes beyond the small size that
+    the wire fills about ``PROBE_EXTRA_S`` at the rate the small size suggests (the slowest
+    leader's), within 2 to 8 times the small size. At 25 Mbit/s a 1 MiB exchange takes 0.35 s:
+    2 MiB; at 1 Gbit/s, 8 MiB (a fixed 8 MiB took 13 s of probing at 25 Mbit/s)."""
+    slowest = torch.tensor([small_s], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+    factor = 1 + math.ceil(PROBE_EXTRA_S / max(slowest.item(), 1e-6))
+    return small * min(max(factor, 2), 8)
+
+
+def probe_inter_node(ranks_per_node: int, timeout_s: float, sizes: tuple | None = None,
+                     repeats: int = PROBE_REPEATS, leaders_group: tuple | None = None,
+                     device: torch.device | None = None) -> dict:
     """Goodput (bytes/s a node sends) and latency between nodes, measured by the first rank
     of each node, with the host watched meanwhile; every rank returns the same numbers
     (broadcast from rank 0). ``sizes``: the two all-reduce sizes (bytes), each timed
-    ``repeats`` times after a first exchange. ``leaders_group``: (leaders, group) of an
-    earlier :func:`node_leaders_group`, whose connections are open: no first exchange, and the
-    group is kept. Raises ValueError where the larger size took no longer than the smaller."""
+    ``repeats`` times; None: ``PROBE_SMALL_BYTES`` and a larger size fitted to the link
+    (:func:`larger_probe_size`). ``leaders_group``: (leaders, group) of an earlier
+    :func:`node_leaders_group`, whose connections are open: no first exchange, and the group
+    is kept. ``device``: where the buffers live (default :func:`probe_device`). Raises
+    ValueError where the larger size took no longer than the smaller."""
     own = leaders_group is None
     leaders, group = node_leaders_group(ranks_per_node, timeout_s) if own else leaders_group
     nodes = len(leaders)
-    device = probe_device()
-    # goodput, small s, large s, host busy (-1: unknown), throttled share: the leaders' worst
-    result = torch.zeros(5, dtype=torch.float64, device=device)
+    device = device or probe_device()
+    # goodput, small s, large s, host busy (-1: unknown), throttled share (the leaders'
+    # worst), the large size, rank 0's configured rate (-1: none): every rank judges the same
+    result = torch.zeros(7, dtype=torch.float64, device=device)
+    small = sizes[0] if sizes else PROBE_SMALL_BYTES
     if nodes > 1 and dist.get_rank() in leaders:
-        times = {}
         with HostWatch() as watch:
-            for size in sizes:
-                buffer = torch.ones(size // 4, dtype=torch.float32, device=device)
-                if own:
-                    _timed_all_reduce(buffer, group)  # a first exchange opens the connections
-                times[size] = statistics.median(_timed_all_reduce(buffer, group)
-                                                for _ in range(repeats))
-        small, large = sizes
+            buffer = torch.ones(small // 4, dtype=torch.float32, device=device)
+            if own:
+                _timed_all_reduce(buffer, group)  # a first exchange opens the connections
+            small_s = statistics.median(_timed_all_reduce(buffer, group)
+                                        for _ in range(repeats))
+            large = sizes[1] if sizes else larger_probe_size(small, small_s, group, device)
+            buffer = torch.ones(large // 4, dtype=torch.float32, device=device)
+            if own:
+                _timed_all_reduce(buffer, group)  # its buffers' first use, untimed
+            large_s = statistics.median(_timed_all_reduce(buffer, group)
+                                        for _ in range(repeats))
         per_node = 2 * (nodes - 1) / nodes  # a ring all-reduce sends this share of the size
-        extra_s = times[large] - times[small]
+        extra_s = large_s - small_s
         goodput = per_node * (large - small) / extra_s if extra_s > 0 else -1.0
-        result = torch.tensor([goodput, times[small], times[large],
+        result = torch.tensor([goodput, small_s, large_s,
                                -1.0 if watch.host_busy is None else watch.host_busy,
-                               watch.throttled_share], dtype=torch.float64, device=device)
+                               watch.throttled_share, large, configured_bps() or -1.0],
+                              dtype=torch.float64, device=device)
         # every leader's watch counts: the worst host and quota over the nodes
-        worst = result[3:].clone()
+        worst = result[3:5].clone()
         dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
-        result[3:] = worst
+        result[3:5] = worst
     dist.broadcast(result, src=0)
     if own and dist.get_rank() in leaders:
         dist.destroy_process_group(group)
-    goodput, small_s, large_s, busy, throttled = result.tolist()
+    goodput, small_s, large_s, busy, throttled, large, configured = result.tolist()
+    large = int(large)
     if nodes > 1 and goodput <= 0:
-        raise ValueError(f"the link probe is not usable: {sizes[1]} bytes took {large_s:.4f} "
-                         f"s, no longer than {sizes[0]} bytes ({small_s:.4f} s); the link was "
+        raise ValueError(f"the link probe is not usable: {large} bytes took {large_s:.4f} "
+                         f"s, no longer than {small} bytes ({small_s:.4f} s); the link was "
                          "busy or the host overloaded")
     probe = {"nodes": nodes, "goodput_Bps": goodput if nodes > 1 else None,
-             "small_bytes": sizes[0], "small_s": small_s,
-             "large_bytes": sizes[1], "large_s": large_s}
+             "small_bytes": small, "small_s": small_s,
+             "large_bytes": large if nodes > 1 else None, "large_s": large_s}
     if nodes > 1:
-        configured = configured_bps()
+        configured = None if configured <= 0 else configured
         host_busy = None if busy < 0 else busy
         bound, why = verdict(host_busy, throttled, goodput * 8, configured)
         probe.update({"host_busy": host_busy, "throttled_share": throttled,
@@ -228,24 +262,27 @@ def probe_inter_node(ranks_per_node: int, timeout_s: float, sizes: tuple = PROBE
 
 def probe_trusted(ranks_per_node: int, timeout_s: float, tries: int = PROBE_TRIES,
                   pause_s: float = PROBE_PAUSE_S, probe=probe_inter_node) -> dict:
-    """The first probe that measured the link (the watch's verdict), probing up to ``tries``
-    times; where none did, the fastest of them (the host held each back, so the link is at
-    least that fast), marked untrusted. Every try's verdict goes into ``tries``. Collective;
-    every rank makes the same decisions (rank 0's probe is every rank's). ``probe``: the
-    probing function (``probe_inter_node``'s signature)."""
+    """A probe, taken again (up to ``tries`` times in all) while the host bound it: another
+    process's burst passes. Where every try was host-bound, the fastest of them (the host held
+    each back, so the link is at least that fast). A ``neither`` probe (a free host under the
+    configured rate: latency, or a ring's steps waiting on each other) is not taken again: a
+    second would read the same. Only a ``link`` probe is ``trusted``; every try's verdict goes
+    into ``tries``. Collective; every rank makes the same decisions (the verdict rests on rank
+    0's numbers). ``probe``: the probing function (``probe_inter_node``'s signature)."""
     tried = []
     for attempt in range(tries):
         result = probe(ranks_per_node, timeout_s)
         if result["goodput_Bps"] is None:  # one node: nothing to trust or not
             return result
         tried.append(result)
-        if result.get("trusted", True):
+        if result.get("bound_by", "link") != "host":
             break
-        log.warning("link probe %d of %d not trusted (%s)%s", attempt + 1, tries,
+        log.warning("link probe %d of %d bound by the host (%s)%s", attempt + 1, tries,
                     result.get("why"), "; probing again" if attempt + 1 < tries else "")
         if attempt + 1 < tries:
             time.sleep(pause_s)
-    best = result if result.get("trusted", True) else max(tried, key=lambda p: p["goodput_Bps"])
+    best = result if result.get("bound_by", "link") != "host" else max(
+        tried, key=lambda p: p["goodput_Bps"])
     summary = [{k: p.get(k) for k in ("goodput_Bps", "bound_by", "why", "host_busy",
                                       "throttled_share")} for p in tried]
     return dict(best, tries=summary)

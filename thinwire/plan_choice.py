@@ -63,14 +63,15 @@ def load(plan) -> dict:
         _finite(at.get("inter_node_bps") if isinstance(at, dict) else None,
                 f"plans[{i}].inter_node_bps")
         if not isinstance(at.get("rows"), list):
-            raise ValueError(f"plan: plans[{i}].rows must be a list")
+            raise ValueError(f"plan: plans[{i}].rows must be a list, got "
+                             f"{type(at.get('rows')).__name__}")
         for j, row in enumerate(at["rows"]):
             where = f"plans[{i}].rows[{j}]"
             if not isinstance(row, dict) or not isinstance(row.get("candidate"), str) or \
                     not isinstance(row.get("algorithm"), str) or \
                     not isinstance(row.get("settings"), dict):
                 raise ValueError(f"plan: {where} needs candidate, algorithm (strings) and "
-                                 "settings (a dict)")
+                                 f"settings (a dict), got {row!r}"[:300])
             if row.get("time_to_target_s") is not None:
                 _finite(row["time_to_target_s"], f"{where}.time_to_target_s")
     if plan.get("inter_efficiency") is not None:
@@ -94,13 +95,19 @@ def check(plan: dict, world_size: int, ranks_per_node: int, given: dict) -> None
                          "too: leave them to the plan, or name the algorithm yourself")
 
 
-def hook_settings(row: dict) -> tuple[str, dict] | None:
-    """(thinwire algorithm, its settings) for a plan row, None where no thinwire hook runs it."""
+def hook_settings(row: dict) -> tuple[str, dict] | str:
+    """(thinwire algorithm, its settings) for a plan row; else why no thinwire hook runs it as
+    ranked (its algorithm is not a hook, or it was measured with a setting the hook would not
+    reproduce: registering without it would run another configuration than the ranked one)."""
+    if row["algorithm"] not in DDP_AS and row["algorithm"] not in collectives.names():
+        return f"{row['algorithm']} is not a thinwire hook"
+    other = sorted(k for k in row["settings"] if k not in CHOSEN_SETTINGS)
+    if other:
+        return f"measured with {other}, which plan= does not carry to the hook"
     if row["algorithm"] in DDP_AS:
-        return DDP_AS[row["algorithm"]]
-    if row["algorithm"] not in collectives.names():
-        return None
-    return row["algorithm"], {k: v for k, v in row["settings"].items() if k in CHOSEN_SETTINGS}
+        algorithm, settings = DDP_AS[row["algorithm"]]
+        return algorithm, dict(settings, **row["settings"])
+    return row["algorithm"], dict(row["settings"])
 
 
 def predicted(plan: dict, bps: float) -> dict[str, float | None]:
@@ -127,50 +134,72 @@ def predicted(plan: dict, bps: float) -> dict[str, float | None]:
     return out
 
 
-def choose(plan: dict, goodput_Bps: float) -> tuple[str, dict, dict]:
-    """(algorithm, settings, the record) for the probed goodput."""
+def choose(plan: dict, goodput_Bps: float, fits=None) -> tuple[str, dict, dict]:
+    """(algorithm, settings, the record) for the probed goodput. ``fits(algorithm,
+    settings)``: None where the caller's own settings suit that candidate, else why not (a
+    candidate they do not suit is passed over and named)."""
     efficiency = plan.get("inter_efficiency") or 1.0
     bps = goodput_Bps * 8 / efficiency
     times = predicted(plan, bps)
     rows = {row["candidate"]: row for at in plan["plans"] for row in at["rows"]}
     ranked = sorted((t, name) for name, t in times.items() if t is not None)
-    skipped = []
+    skipped, unsuited = [], []
     for t, name in ranked:
         mapped = hook_settings(rows[name])
-        if mapped is None:
-            skipped.append({"candidate": name, "time_to_target_s": t})
+        if isinstance(mapped, str):
+            skipped.append({"candidate": name, "time_to_target_s": t, "why": mapped})
             continue
         algorithm, settings = mapped
+        why = fits(algorithm, settings) if fits is not None else None
+        if why is not None:
+            unsuited.append({"candidate": name, "time_to_target_s": t, "why": why})
+            continue
         rates = sorted(p["inter_node_bps"] for p in plan["plans"])
         return algorithm, settings, {
             "choice": name, "algorithm": algorithm, "settings": settings,
             "planned_at_bps": bps, "predicted_time_to_target_s": t,
             "inside_plan_rates": rates[0] <= bps <= rates[-1],
             "ahead_but_not_a_thinwire_hook": skipped,
+            "ahead_but_not_for_your_settings": unsuited,
             "runners_up": [{"candidate": n, "time_to_target_s": s}
                            for s, n in ranked if n != name][:3]}
-    raise ValueError(f"plan: no candidate a thinwire hook runs reaches the target at "
-                     f"{bps / 1e6:.0f} Mbit/s (ranked: {[n for _, n in ranked] or 'none'})")
+    raise ValueError(f"plan: no candidate a thinwire hook runs with these settings reaches the "
+                     f"target at {bps / 1e6:.0f} Mbit/s (ranked: "
+                     f"{[n for _, n in ranked] or 'none'}; not for these settings: "
+                     f"{[u['why'] for u in unsuited][:2] or 'none'})")
 
 
-def _agree(record: dict) -> None:
-    """Every rank chose the same (their plans may differ): else every rank fails alike."""
-    digest = zlib.crc32(json.dumps([record["algorithm"], record["settings"]],
-                                   sort_keys=True).encode())
-    both = torch.tensor([digest, -digest], dtype=torch.int64)
-    dist.all_reduce(both, op=dist.ReduceOp.MAX)
-    if both[0].item() != -both[1].item():
+def agree(error: Exception | None, device, what: str, digest: int = 0) -> None:
+    """Every rank ends alike (collective on the default group): where any rank's ``error`` is
+    set, that rank raises it and every other rank a ValueError saying another rank failed at
+    ``what``; where the ranks' ``digest`` differ, every rank raises."""
+    flags = torch.tensor([int(error is not None), digest, -digest], dtype=torch.int64,
+                         device=device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    if error is not None:
+        raise error
+    if flags[0].item():
+        raise ValueError(f"algorithm='auto': another rank failed at {what} (its own error "
+                         "names why)")
+    if flags[1].item() != -flags[2].item():
         raise ValueError("algorithm='auto': the ranks chose differently from their plans (is "
                          "plan= the same file on every rank?)")
 
 
-def resolve(plan, world_size: int, ranks_per_node: int, timeout_s: float,
-            given: dict) -> tuple[str, dict, dict]:
-    """Probe (collective), choose, check agreement: (algorithm, settings, record)."""
-    plan = load(plan)
-    check(plan, world_size, ranks_per_node, given)
-    probe = link_probe.probe_trusted(ranks_per_node, timeout_s)
-    algorithm, settings, record = choose(plan, probe["goodput_Bps"])
-    _agree(record)
+def resolve(plan: dict, ranks_per_node: int, timeout_s: float, fits=None,
+            device=None) -> tuple[str, dict, dict]:
+    """Probe (collective), choose, check every rank chose alike: (algorithm, settings,
+    record). ``plan``: :func:`load`'s, already :func:`check`-ed on every rank."""
+    device = device or link_probe.probe_device()
+    probe = link_probe.probe_trusted(
+        ranks_per_node, timeout_s,
+        probe=lambda *args: link_probe.probe_inter_node(*args, device=device))
+    error, digest = None, 0
+    try:
+        algorithm, settings, record = choose(plan, probe["goodput_Bps"], fits)
+        digest = zlib.crc32(json.dumps([algorithm, settings], sort_keys=True).encode())
+    except ValueError as exc:
+        error = exc
+    agree(error, device, "choosing from its plan", digest)
     record["probe"] = probe
     return algorithm, settings, record

@@ -60,7 +60,7 @@ class Topology:
                                "(call torch.distributed.init_process_group first)")
         timeout = _check_timeout(timeout) if timeout is not None else default_timeout()
         world_size, rank = dist.get_world_size(), dist.get_rank()
-        n = _ranks_per_node_from(ranks_per_node, world_size)
+        n = ranks_per_node_of(ranks_per_node, world_size)
         _check_all_ranks_agree(n, world_size)
         world = dist.new_group(list(range(world_size)), timeout=timeout)
         intra, _ = dist.new_subgroups_by_enumeration(
@@ -104,7 +104,7 @@ class Topology:
         if not dist.is_initialized():
             return cls.build(ranks_per_node, timeout)  # raises the clear error
         default = dist.distributed_c10d._get_default_group()
-        n = _ranks_per_node_from(ranks_per_node, dist.get_world_size())
+        n = ranks_per_node_of(ranks_per_node, dist.get_world_size())
         limit = _check_timeout(timeout) if timeout is not None else default_timeout()
         key = (id(default), n, limit)
         cached = _SHARED.get(key)
@@ -149,7 +149,9 @@ def _check_timeout(timeout) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
-def _ranks_per_node_from(ranks_per_node: int | None, world_size: int) -> int:
+def ranks_per_node_of(ranks_per_node: int | None, world_size: int) -> int:
+    """``ranks_per_node`` checked against ``world_size``; None: the launcher's
+    (THINWIRE_RANKS_PER_NODE, LOCAL_WORLD_SIZE), else one node."""
     source = "ranks_per_node"
     if isinstance(ranks_per_node, (bool, float)):
         raise ValueError(f"ranks_per_node must be an integer >= 1, got {ranks_per_node!r}")

@@ -40,3 +40,9 @@ def test_ranks_whose_plans_choose_differently_all_fail_alike():
     results = run_ranks(auto_workers.register_auto, 2, [plan_of(), other])
     assert all("chose differently" in r.get("error", "") for r in results), results
 
+
+
+def test_a_plan_one_rank_cannot_read_ends_every_rank_without_a_wait(tmp_path):
+    results = run_ranks(auto_workers.register_auto, 2, [plan_of(), str(tmp_path / "no.json")])
+    assert "another rank failed at checking its plan" in results[0].get("error", ""), results
+    assert "not a readable JSON plan" in results[1].get("error", ""), results

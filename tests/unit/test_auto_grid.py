@@ -31,7 +31,7 @@ def test_targets_are_judged_per_cell_and_over_the_grid(tmp_path, capsys):
         _run("ddp", "25mbit", None),                       # missed: counts at the budget
         _run("auto", "1gbit", 5.0, "ddp-fp16 x"), _run("hitopk", "1gbit", 8.0),
         _run("ddp", "1gbit", 4.0)])                        # auto 25% slower here
-    result = auto_grid.run(argparse.Namespace(results=[a], json=str(tmp_path / "g.json")))
+    result = auto_grid.judge(argparse.Namespace(results=[a], json=str(tmp_path / "g.json")))
     rows = {r["rate"]: r for r in result["rows"]}
     assert rows["25mbit"]["fastest"] == "hitopk" and rows["25mbit"]["within_10pct"]
     assert rows["25mbit"]["vs_fastest"] == pytest.approx(1.05)
@@ -45,6 +45,7 @@ def test_targets_are_judged_per_cell_and_over_the_grid(tmp_path, capsys):
     assert summary["ddp"]["geomean_s"] == pytest.approx(math.sqrt(60.0 * 4.0))
     assert summary["auto"]["geomean_s"] == pytest.approx(math.sqrt(10.5 * 5.0))
     assert summary["auto"]["lowest_geomean"]  # 7.2 against hitopk's 8.9 and ddp's 15.5
+    assert not summary["auto"]["meets_share"] and summary["auto"]["meets_worst"]
     assert json.loads((tmp_path / "g.json").read_text())["rows"] == result["rows"]
     assert "vs_fastest" in capsys.readouterr().out
 
@@ -53,13 +54,22 @@ def test_a_rerun_in_a_later_file_replaces_the_earlier_run(tmp_path):
     first = _results(tmp_path, "a", "lm", [_run("auto", "100mbit", 30.0, "hitopk"),
                                            _run("hitopk", "100mbit", 20.0)])
     again = _results(tmp_path, "b", "lm", [_run("auto", "100mbit", 21.0, "hitopk")])
-    result = auto_grid.run(argparse.Namespace(results=[first, again], json=None))
+    result = auto_grid.judge(argparse.Namespace(results=[first, again], json=None))
     assert result["rows"][0]["vs_fastest"] == pytest.approx(1.05)
+
+
+def test_a_cell_where_auto_missed_and_a_fixed_choice_did_not_fails_the_worst_bound(tmp_path):
+    path = _results(tmp_path, "a", "lm", [_run("auto", "25mbit", None, "hitopk"),
+                                          _run("hitopk", "25mbit", 40.0)])
+    result = auto_grid.judge(argparse.Namespace(results=[path], json=None))
+    assert result["rows"][0]["auto_missed"] and not result["rows"][0]["within_10pct"]
+    auto = next(r for r in result["summary"] if r["algorithm"] == "auto")
+    assert auto["worst_vs_fastest"] is None and not auto["meets_worst"]
 
 
 def test_results_without_auto_are_refused(tmp_path):
     path = _results(tmp_path, "a", "lm", [_run("hitopk", "100mbit", 20.0)])
     with pytest.raises(ValueError, match="no cell with an auto run"):
-        auto_grid.run(argparse.Namespace(results=[path], json=None))
+        auto_grid.judge(argparse.Namespace(results=[path], json=None))
     with pytest.raises(ValueError, match="--results: .* is not a file"):
-        auto_grid.run(argparse.Namespace(results=[str(tmp_path / "x.json")], json=None))
+        auto_grid.judge(argparse.Namespace(results=[str(tmp_path / "x.json")], json=None))

@@ -4,7 +4,6 @@ cgroup readings they rest on, and auto probing again where the host, not the lin
 import pytest
 
 from thinwire import link_probe
-from thinwire.cluster import fidelity
 from thinwire.train import auto
 
 
@@ -22,9 +21,22 @@ def test_a_probe_is_trusted_only_where_the_link_set_its_pace(busy, throttled, go
     assert bound == expected and why
 
 
-def test_the_emulators_monitor_and_the_probe_share_one_set_of_rules():
-    assert (fidelity.LINK_BOUND, fidelity.SATURATED, fidelity.THROTTLED) == (
-        link_probe.LINK_BOUND, link_probe.SATURATED, link_probe.THROTTLED)
+def test_under_a_bandwidth_schedule_the_starts_rate_is_not_the_links(monkeypatch):
+    monkeypatch.setenv(link_probe.CONFIGURED_RATE_ENV, "200000000")
+    assert link_probe.configured_bps() == 2e8
+    monkeypatch.setenv(link_probe.SCHEDULED_ENV, "1")  # 200 -> 25 Mbit/s: 25 is the link now
+    assert link_probe.configured_bps() is None
+
+
+def test_the_launcher_says_when_a_schedule_changes_the_rate():
+    from thinwire.cluster.launch import node_env
+    from thinwire.cluster.spec import ClusterSpec
+
+    steady = ClusterSpec(nodes=2, ranks_per_node=1, inter_node_bandwidth="200mbit")
+    scheduled = ClusterSpec(nodes=2, ranks_per_node=1, inter_node_bandwidth="200mbit",
+                            bandwidth_schedule="0s:200mbit,5s:25mbit")
+    assert link_probe.SCHEDULED_ENV not in node_env(steady, 0, "eth0", None)
+    assert node_env(scheduled, 0, "eth0", None)[link_probe.SCHEDULED_ENV] == "1"
 
 
 @pytest.mark.parametrize("text, seconds", [
@@ -83,6 +95,24 @@ def test_where_no_probe_is_trusted_auto_takes_the_fastest_and_says_so(monkeypatc
     assert len(probe["tries"]) == 3
 
 
+def test_a_probe_under_the_rate_on_a_free_host_is_not_taken_again(monkeypatch):
+    neither = dict(_probe(1.8e7 / 8, trusted=False), bound_by="neither")
+    _scripted(monkeypatch, [neither, _probe(3e6)])
+    probe = auto.probe_trusted(2, tries=3, pause_s=0)
+    assert probe["goodput_Bps"] == 1.8e7 / 8 and not probe["trusted"]
+    assert len(probe["tries"]) == 1
+
+
 def test_one_node_has_no_link_to_trust(monkeypatch):
     _scripted(monkeypatch, [_probe(None, nodes=1)])
     assert auto.probe_trusted(1, tries=3, pause_s=0)["goodput_Bps"] is None
+
+
+@pytest.mark.parametrize("small_s, factor", [(0.35, 2), (0.088, 5), (0.009, 8), (5.0, 2)])
+def test_the_larger_probe_size_keeps_the_wire_busy_a_little_longer(world_of_one, small_s,
+                                                                     factor):
+    import torch.distributed as dist
+
+    size = link_probe.larger_probe_size(1 << 20, small_s, dist.group.WORLD,
+                                    link_probe.probe_device())
+    assert size == factor << 20

@@ -45,8 +45,8 @@ def test_a_candidate_that_missed_the_target_next_to_the_rate_has_no_time():
 
 
 @pytest.mark.parametrize("goodput_mbit, algorithm, settings", [
-    (12.5 / 8 * 8, "hitopk", {"density": 0.05, "sparse_wire": "fp16"}),  # 25 Mbit/s nominal
-    (500 / 8 * 8, "allreduce", {"wire": "fp16"}),                         # 1 Gbit/s nominal
+    (12.5, "hitopk", {"density": 0.05, "sparse_wire": "fp16"}),  # 25 Mbit/s nominal
+    (500.0, "allreduce", {"wire": "fp16"}),                       # 1 Gbit/s nominal
 ])
 def test_the_fastest_candidate_a_hook_runs_is_chosen_at_the_nominal_rate(goodput_mbit,
                                                                           algorithm, settings):
@@ -58,8 +58,19 @@ def test_the_fastest_candidate_a_hook_runs_is_chosen_at_the_nominal_rate(goodput
 def test_powersgd_ranked_first_is_named_but_not_registered():
     chosen, settings, record = plan_choice.choose(plan_of(), 50e6 / 8)  # 100 Mbit/s nominal
     assert chosen == "hitopk"
-    assert [s["candidate"] for s in record["ahead_but_not_a_thinwire_hook"]] == \
-        ["powersgd rank=4"]
+    assert [(s["candidate"], s["why"]) for s in record["ahead_but_not_a_thinwire_hook"]] == \
+        [("powersgd rank=4", "powersgd is not a thinwire hook")]
+
+
+def test_a_candidate_measured_with_a_setting_the_hook_would_drop_is_passed_over():
+    plan = plan_of()
+    for at in plan["plans"]:
+        for row in at["rows"]:
+            if row["algorithm"] == "ddp-fp16":  # fastest at 1 Gbit/s, measured otherwise
+                row["settings"] = {"dense_warmup_steps": 5}
+    chosen, _, record = plan_choice.choose(plan, 500e6 / 8)
+    assert chosen == "hitopk"
+    assert "dense_warmup_steps" in record["ahead_but_not_a_thinwire_hook"][0]["why"]
 
 
 @pytest.mark.parametrize("change, message", [
@@ -94,7 +105,7 @@ def test_a_plan_for_another_cluster_or_settings_auto_chooses_are_refused():
         plan_choice.check(plan_of(), 2, 1, {"density": 0.1, "weight_decay": 1e-4})
 
 
-def test_register_refuses_a_bad_auto_before_any_collective(world_of_one):
+def test_register_refuses_a_bad_auto_before_it_probes(world_of_one):
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -107,6 +118,17 @@ def test_register_refuses_a_bad_auto_before_any_collective(world_of_one):
         thinwire.ddp.register(model, "auto")
     with pytest.raises(ValueError, match="plan= is for algorithm='auto'"):
         thinwire.ddp.register(model, "hitopk", plan=plan_of())
-    with pytest.raises(ValueError, match="nonfinite"):  # the caller's own settings too
+    with pytest.raises(ValueError, match="suit neither hitopk nor allreduce: nonfinite"):
         thinwire.ddp.register(model, "auto", plan=plan_of(), nonfinite="ignore-it")
     assert getattr(model, "_thinwire_state", None) is None  # nothing registered
+
+
+def test_a_candidate_the_callers_settings_do_not_suit_is_passed_over_and_named():
+    def sparse_only(algorithm, settings):  # e.g. momentum_correction: the sparse ones only
+        return None if algorithm == "hitopk" else f"{algorithm} is dense"
+    chosen, settings, record = plan_choice.choose(plan_of(), 500e6 / 8, fits=sparse_only)
+    assert chosen == "hitopk"  # ddp-fp16 is fastest at 1 Gbit/s, but dense
+    assert record["ahead_but_not_for_your_settings"] == [
+        {"candidate": "ddp-fp16", "time_to_target_s": 4.0, "why": "allreduce is dense"}]
+    with pytest.raises(ValueError, match="not for these settings"):
+        plan_choice.choose(plan_of(), 500e6 / 8, fits=lambda a, s: "never")

@@ -55,13 +55,18 @@ def cell_row(key: tuple, runs: dict) -> dict | None:
         return None
     auto_s, auto_missed = _time(auto)
     fastest = min(reached, key=reached.get) if reached else None
-    ratio = (auto_s / reached[fastest]) if fastest and auto_s and not auto_missed else None
+    if fastest is None:  # no fixed choice reached the target: nothing to be within 10% of
+        ratio = None
+    else:  # auto missing where a fixed choice reached it: infinitely slower
+        ratio = math.inf if auto_missed else auto_s / reached[fastest]
     record = auto.get("auto") or {}
     return {"workload": workload, "shape": shape, "rate": rate,
             "auto_s": None if auto_missed else auto_s,
             "auto_choice": (record.get("choice") or "?").split(" ")[0],
             "fastest": fastest, "fastest_s": reached.get(fastest),
-            "vs_fastest": ratio, "within_10pct": ratio is not None and ratio <= WITHIN,
+            "vs_fastest": None if ratio is None or math.isinf(ratio) else ratio,
+            "auto_missed": auto_missed,
+            "within_10pct": ratio is not None and ratio <= WITHIN,
             "probe_bound_by": (record.get("probe") or {}).get("bound_by"),
             "fidelity": (auto.get("fidelity") or {}).get("verdict"),
             **{f"{a}_s": (None if missed else t) for a, (t, missed) in sorted(fixed.items())}}
@@ -80,20 +85,23 @@ def summary(cells: dict, rows: list[dict]) -> list[dict]:
                     "missed": sum(missed for _, missed in times),
                     "geomean_s": math.exp(sum(map(math.log, usable)) / len(usable))
                     if usable and len(usable) == len(times) else None})
-    judged = [r for r in rows if r["vs_fastest"] is not None or r["auto_s"] is None]
+    judged = [r for r in rows if r["fastest"] is not None]  # a miss of auto's counts
     auto = next((r for r in out if r["algorithm"] == "auto"), None)
     if auto is not None and judged:
-        ratios = [r["vs_fastest"] for r in judged if r["vs_fastest"] is not None]
         others = [r["geomean_s"] for r in out if r["algorithm"] != "auto"]
+        share = sum(r["within_10pct"] for r in judged) / len(judged)
+        worst = max(math.inf if r["auto_missed"] else r["vs_fastest"] for r in judged)
         auto.update({
-            "within_10pct_share": sum(r["within_10pct"] for r in judged) / len(judged),
-            "worst_vs_fastest": max(ratios) if ratios else None,
+            "judged_cells": len(judged), "within_10pct_share": share,
+            "worst_vs_fastest": worst if math.isfinite(worst) else None,
+            "meets_share": share >= SHARE, "meets_worst": worst <= WORST,
             "lowest_geomean": auto["geomean_s"] is not None and all(
                 o is None or auto["geomean_s"] < o for o in others)})
     return out
 
 
-def run(args) -> dict:
+def judge(args) -> dict:
+    """The cells and the summary (what ``--json`` writes), printed as two tables."""
     for path in args.results:
         if not Path(path).is_file():
             raise ValueError(f"--results: {path} is not a file")
@@ -110,8 +118,21 @@ def run(args) -> dict:
                               "fastest_s", "vs_fastest", "probe_bound_by", "fidelity"]))
     print()
     print(format_table(result["summary"], ["algorithm", "cells", "missed", "geomean_s"]))
+    auto = next((r for r in result["summary"] if "within_10pct_share" in r), None)
+    if auto is not None:
+        print(f"\nauto within 10% of the fastest in {auto['within_10pct_share']:.0%} of "
+              f"{auto['judged_cells']} cells (target >= {SHARE:.0%}: "
+              f"{'met' if auto['meets_share'] else 'missed'}); worst "
+              f"{auto['worst_vs_fastest'] or 'a miss'}x (target <= {WORST}: "
+              f"{'met' if auto['meets_worst'] else 'missed'}); lowest geometric mean: "
+              f"{'yes' if auto['lowest_geomean'] else 'no'}")
     save_if_asked(args.json, result)
     return result
+
+
+def run(args) -> int:
+    judge(args)
+    return 0
 
 
 def _rate_order(rate) -> float:

@@ -88,6 +88,8 @@ def node_env(spec: ClusterSpec, node: int, ifname: str, extra: dict | None) -> d
         env["THINWIRE_LINK_CLASSES"] = str(spec.link_classes)
     if spec.shaping and spec.inter_node_bps:  # a paced sender (dlcp) needs its link's rate
         env["THINWIRE_INTER_NODE_BPS"] = str(spec.inter_node_bps)
+        if spec.bandwidth_steps:  # the rate above is the start's only (thinwire.link_probe)
+            env["THINWIRE_LINK_RATE_SCHEDULED"] = "1"
     if spec.links_per_node > 1:  # dlcp sprays its datagrams over the node's links
         env["THINWIRE_LINKS_PER_NODE"] = str(spec.links_per_node)
     if spec.link_mtu != 1500:  # dlcp sizes its datagrams to the links' MTU

@@ -3,9 +3,9 @@
 At the start, before the model is built, every rank takes part in a probe of the inter-node
 link (:mod:`thinwire.link_probe`: the goodput and latency between the nodes' first ranks, with
 the host watched meanwhile). A probe the host bound, not the link (saturated CPUs, a CPU quota,
-or under 80% of the emulator's configured rate) is not trusted: it is taken again, up to
-``link_probe.PROBE_TRIES`` times, and where none is trusted the fastest is used and the
-choice says so.
+or under 80% of the emulator's configured rate) is not trusted: a host-bound one is taken
+again, up to ``link_probe.PROBE_TRIES`` times (then the fastest is used), and the choice says
+where it planned from a probe it did not trust.
 Rank 0 then ranks the candidates with :func:`thinwire.sim.plan.make_plan` - calibrated on
 ``--plan-from`` (thinwire compare results of this workload: the cost model is fitted on them
 and steps to target are read from them) - at the nominal rate the probe implies (goodput over
@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from thinwire import link_probe
-from thinwire.link_probe import PROBE_BYTES, PROBE_REPEATS
+from thinwire.link_probe import PROBE_REPEATS
 from thinwire.train import auto_compute, modes
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ def check_config(cfg) -> None:
 
 
 def probe_inter_node(ranks_per_node: int, timeout_s: float = CHOOSING_TIMEOUT_S,
-                     sizes: tuple = PROBE_BYTES, repeats: int = PROBE_REPEATS,
+                     sizes: tuple | None = None, repeats: int = PROBE_REPEATS,
                      leaders_group: tuple | None = None) -> dict:
     """:func:`thinwire.link_probe.probe_inter_node` (a name of this module, so tests can
     script the link)."""
@@ -136,8 +136,8 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
             "break_even_bps": plan["break_even"].get("bps"),
             "reason": f"fastest predicted time to target at the probed {bps / 1e6:.0f} Mbit/s"
                       + ("" if probe.get("trusted", True) else
-                         f" (a probe the host bound, not the link: {probe.get('why')}; the "
-                         "link is at least this fast)")}
+                         f" (a probe not trusted, {probe.get('bound_by')}-bound: "
+                         f"{probe.get('why')})")}
     if current is not None:
         info["current_time_to_target_s"] = next(
             (r["time_to_target_s"] for r in rows if r["candidate"] == current), None)

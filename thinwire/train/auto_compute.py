@@ -50,7 +50,8 @@ def calibration_ms(files: list, nodes: int, ranks_per_node: int,
                      if run.get("world_size") and field("nodes") else
                      setting.get("ranks_per_node"))
             if field("model") == model and shape == (nodes, ranks_per_node) and \
-                    isinstance(run.get("compute_ms_per_iter"), (int, float)):
+                    isinstance(run.get("compute_ms_per_iter"), (int, float)) and \
+                    run["compute_ms_per_iter"] > 0:
                 values.append(float(run["compute_ms_per_iter"]))
     return (statistics.median(values), min(values), max(values)) if values else None
 
