@@ -64,6 +64,8 @@ def test_the_compute_probe_scales_the_fitted_compute(tmp_path):
     assert auto_compute.calibration_ms([path], 2, 2, "lenet") is None
     _, as_fitted = choose(_cfg(path), 2, {"goodput_Bps": 1e7})
     _, faster = choose(_cfg(path), 2, {"goodput_Bps": 1e7}, compute_ms=8.0)  # 10x faster
+    _, near = choose(_cfg(path), 2, {"goodput_Bps": 1e7}, compute_ms=60.0)  # within the margin
+    assert near["compute"]["scale"] == 1.0
     assert as_fitted["compute"]["source"] == "calibration (not probed)"
     assert faster["compute"]["scale"] == pytest.approx(0.1)
     _, alike = choose(_cfg(path), 2, {"goodput_Bps": 1e7}, compute_ms=median)  # unscaled
@@ -82,3 +84,24 @@ def test_a_cluster_that_computes_much_slower_changes_the_choice(tmp_path):
     as_fitted, _ = choose(_cfg(path), 2, {"goodput_Bps": goodput})
     slow, _ = choose(_cfg(path), 2, {"goodput_Bps": goodput}, compute_ms=800.0)
     assert (as_fitted["algorithm"], slow["algorithm"]) == ("hitopk", "allreduce")
+
+
+def test_steps_from_more_seeds_move_the_estimate_to_their_median(tmp_path):
+    path = _results(tmp_path)
+    more = tmp_path / "seeds"
+    more.mkdir()
+    # seeds 1 and 2: hitopk needs 40 more steps (120 against seed 0's 80)
+    extra = _results(more, seeds=(1, 2), extra_steps={("hitopk", 1): 40, ("hitopk", 2): 40})
+    name = "hitopk d=0.05 mstopk-carry values=fp16"
+    probe = {"goodput_Bps": 0.85 * 5e7 / 8}
+    _, one_seed = choose(_cfg(path), 2, probe, current=name)
+    _, three = choose(_cfg(path, plan_steps_from=str(extra)), 2, probe, current=name)
+    assert three["current_time_to_target_s"] == pytest.approx(
+        one_seed["current_time_to_target_s"] * 120 / 80, rel=0.02)
+
+
+def test_a_steps_file_that_is_not_there_is_refused_before_anything_runs(tmp_path):
+    from thinwire.train.auto import check_config
+
+    with pytest.raises(ValueError, match="--plan-steps-from: .* is not a file"):
+        check_config(_cfg(_results(tmp_path), plan_steps_from=str(tmp_path / "no.json")))

@@ -49,6 +49,11 @@ def plan_files(cfg) -> list[str]:
     return [p.strip() for p in cfg.plan_from.split(",") if p.strip()]
 
 
+def steps_files(cfg) -> list[str]:
+    """--plan-from's files and --plan-steps-from's: where the plan reads steps to target."""
+    return plan_files(cfg) + [p.strip() for p in cfg.plan_steps_from.split(",") if p.strip()]
+
+
 def check_config(cfg) -> None:
     """What auto needs, checked before anything launches."""
     files = plan_files(cfg)
@@ -59,6 +64,9 @@ def check_config(cfg) -> None:
     for path in files:
         if not Path(path).is_file():
             raise ValueError(f"--plan-from: {path} is not a file")
+    for path in steps_files(cfg)[len(files):]:
+        if not Path(path).is_file():
+            raise ValueError(f"--plan-steps-from: {path} is not a file")
     if cfg.resume or cfg.resume_if_present:
         raise ValueError("--algorithm auto does not resume: resume with the algorithm and "
                          "settings it chose (the summary's auto.choice)")
@@ -108,7 +116,7 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
     fitted = _calibrated(tuple(files))
     params = fitted[0]
     bps = probe["goodput_Bps"] * 8 / params["inter_efficiency"]
-    table, _ = read_table(files)
+    table, _ = read_table(steps_files(cfg))
     found = sorted({w.workload for w in table})
     if len(found) != 1:
         raise ValueError(f"--plan-from must hold races of one workload, got {found}")
@@ -120,9 +128,9 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
             f"{k} {a!r} there, {b!r} here" for k, (a, b) in sorted(differ.items())))
     compute = auto_compute.scale(compute_ms, auto_compute.calibration_ms(
         files, nodes, cfg.ranks_per_node, cfg.model))
-    plan = make_plan(files, files, found[0], nodes, cfg.ranks_per_node, [bps], fitted=fitted,
-                     with_break_even=not per_step_only,  # re-planning needs the ranking only
-                     compute_scale=compute["scale"])
+    plan = make_plan(files, steps_files(cfg), found[0], nodes, cfg.ranks_per_node, [bps],
+                     fitted=fitted, compute_scale=compute["scale"],
+                     with_break_even=not per_step_only)  # re-planning needs the ranking only
     rows = [r for r in plan["plans"][0]["rows"] if r["time_to_target_s"] is not None
             and (not per_step_only or modes.mode_of(r["algorithm"]).per_step)]
     if not rows:
@@ -198,7 +206,7 @@ def resolve(cfg, measure_compute=None):
         raise ValueError(message["error"])
     # before training starts: like the compute probe, not in the run's time to target
     message["info"]["choosing_s"] = time.perf_counter() - began
-    resolved = dataclasses.replace(cfg, plan_from="", **message["chosen"])
+    resolved = dataclasses.replace(cfg, plan_from="", plan_steps_from="", **message["chosen"])
     while reset := settings.inapplicable(resolved):
         resolved = dataclasses.replace(resolved, **reset)
     log.info("auto: %s (%s)", message["info"]["choice"], message["info"]["reason"])

@@ -186,7 +186,7 @@ def resolved(original, chosen: dict):
     it sets, so nothing of an earlier choice may linger (its wire, values' dtype, selector)."""
     from thinwire.train import settings
 
-    new_cfg = dataclasses.replace(original, plan_from="", **chosen)
+    new_cfg = dataclasses.replace(original, plan_from="", plan_steps_from="", **chosen)
     while reset := settings.inapplicable(new_cfg):
         new_cfg = dataclasses.replace(new_cfg, **reset)
     return new_cfg.validate()

@@ -127,6 +127,11 @@ SETTINGS: tuple[Setting, ...] = (
       "paths): auto's plan is calibrated on them and reads steps to target from them",
       applies=lambda c: modes.mode_of(c.algorithm).resolve is not None,
       applies_to="--algorithm auto", concern="sync", metavar="RESULTS_JSON[,...]"),
+    S("plan_steps_from", str, "", "auto: more thinwire compare results of this workload whose "
+      "steps to target the plan reads too, not fitted on (races of other seeds, unshaped: "
+      "steps do not depend on the link); the median over seeds is the estimate",
+      applies=lambda c: modes.mode_of(c.algorithm).resolve is not None,
+      applies_to="--algorithm auto", concern="sync", metavar="RESULTS_JSON[,...]"),
     S("replan_every_s", float, 10.0, "auto: seconds of training between probes of the link "
       "(after an evaluation); 0 = choose once", low=0.0,
       applies=lambda c: modes.mode_of(c.algorithm).resolve is not None,
