@@ -12,8 +12,9 @@ can run is registered. PyTorch's DDP (``ddp``, ``ddp-fp16``) maps to thinwire's 
 and are skipped, but named where they ranked ahead (register PyTorch's PowerSGD hook, or use
 ``thinwire.local_sgd``, to run them).
 
-The plan is data: JSON, checked field by field before any collective call. Every rank
-chooses from the broadcast probe and its own plan, and the ranks check that they chose alike.
+The plan is data: JSON, checked field by field on every rank before the probe (the ranks then
+agree that every check passed: :func:`agree`). Every rank chooses from the broadcast probe and
+its own plan, and the ranks check that they chose alike.
 """
 
 from __future__ import annotations
