@@ -18,6 +18,7 @@ import math
 from pathlib import Path
 
 from thinwire.bench.report import format_table, save_if_asked
+from thinwire.train.run_groups import rate_bps  # "none" (unshaped) sorts last
 
 WITHIN = 1.10    # auto within 10% of the fastest fixed choice...
 SHARE = 0.90     # ...in at least this share of the cells
@@ -107,7 +108,7 @@ def judge(args) -> dict:
             raise ValueError(f"--results: {path} is not a file")
     cells = _cells(args.results)
     rows = [r for r in (cell_row(k, runs) for k, runs in sorted(
-        cells.items(), key=lambda kv: (kv[0][0] or "", kv[0][1], _rate_order(kv[0][2]))))
+        cells.items(), key=lambda kv: (kv[0][0] or "", kv[0][1], rate_bps(kv[0][2]))))
         if r is not None]
     if not rows:
         raise ValueError("--results hold no cell with an auto run and a fixed choice")
@@ -133,15 +134,6 @@ def judge(args) -> dict:
 def run(args) -> int:
     judge(args)
     return 0
-
-
-def _rate_order(rate) -> float:
-    from thinwire.cluster.spec import parse_rate
-
-    try:
-        return float(parse_rate(rate)) if rate not in (None, "none") else math.inf
-    except ValueError:
-        return math.inf
 
 
 def register(bench_subparsers) -> None:
