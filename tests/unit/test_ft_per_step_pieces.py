@@ -162,6 +162,9 @@ class _Quorum:
     def batches_committed(self):
         return self.committed
 
+    def errored(self):
+        return None
+
 
 class _AloneWorld:
     """A world of one rank: its sums are its own values."""
@@ -276,3 +279,46 @@ def test_the_evaluation_split_over_a_quorums_ranks_sums_to_the_whole_test_set():
     assert summed[:2].tolist() == whole.parts[0][:2].tolist()  # correct, count: exact
     # the loss: float32 means per chunk, summed in another order
     assert float(summed[2]) == pytest.approx(float(whole.parts[0][2]), rel=1e-6)
+
+
+class _Rounds:
+    """A transport that records the rounds it is told of."""
+
+    def __init__(self):
+        self.calls = []
+
+    def next_round(self):
+        self.calls.append("next")
+
+    def round_failed(self):
+        self.calls.append("failed")
+
+
+@pytest.mark.parametrize("how", ["reported", "raised", "fine"])
+def test_each_quorum_opens_a_healing_round_and_a_failed_one_is_posted(how):
+    """torchft reports a quorum's failure (re-forming the groups, fetching the donor's
+    metadata) on that rank alone; the step tells its transport, so that a node-mate healing
+    with it stops waiting for this rank's part."""
+    from types import SimpleNamespace
+
+    class _Failing(_Quorum):
+        def start_quorum(self):
+            if how == "raised":
+                raise RuntimeError("quorum lost")
+
+        def errored(self):
+            return "configure failed" if how == "reported" else None
+
+    model = _model()
+    topology = SimpleNamespace(local_rank=0, ranks_per_node=2, world_size=4, rank=0, nodes=2,
+                               world=_AloneWorld(), inter=SimpleNamespace(failed=lambda: False))
+    rounds = _Rounds()
+    ft = per_step.FaultTolerantStep(_Failing(2), topology, _NoSync(), model,
+                                    torch.optim.SGD(model.parameters(), lr=0.1),
+                                    transport=rounds)
+    if how == "raised":
+        with pytest.raises(RuntimeError, match="quorum lost"):
+            ft.begin()
+    else:
+        ft.begin()
+    assert rounds.calls == (["next"] if how == "fine" else ["next", "failed"])

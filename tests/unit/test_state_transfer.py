@@ -119,6 +119,7 @@ def _two_nodes(receive, silent_donor: int | None = None, step: int = 12):
 
     cross = [dist.HashStore() for _ in range(2)]
     nodes = [dist.HashStore() for _ in range(2)]
+    heal_stores = [dist.HashStore() for _ in range(2)]  # each node's, where its ranks agree
     result, errors, sent = {}, [], {0: [], 1: []}
 
     def run(node, local):
@@ -128,7 +129,7 @@ def _two_nodes(receive, silent_donor: int | None = None, step: int = 12):
             transport = st.DataOnlyTransport(
                 _CountingGroup(pg, sent[local]), TIMEOUT,
                 own_state=lambda: _node_state(local), node_group=node_group,
-                node_shared=node_shared)
+                node_shared=node_shared, node_store=heal_stores[node])
             if node == 0 and local != silent_donor:
                 transport.send_checkpoint([1], step, _node_state(local), TIMEOUT)
             elif node == 1:
@@ -184,6 +185,43 @@ def test_one_ranks_failed_part_fails_every_rank_of_the_node_within_the_timeout()
     result, errors, _ = _two_nodes(receive, silent_donor=1)
     assert not result and len(errors) == 2, errors
     assert any("healing failed on local rank(s) [1]" in str(e) for e in errors), errors
+
+
+def test_a_rank_whose_quorum_failed_before_the_transport_fails_its_node_mate_at_once():
+    """torchft fails local rank 1 while it re-forms its cross-node group (it never reaches the
+    transport, and goes on to its step); rank 0's part arrives, but it must not wait for rank
+    1's (nor pair the agreement with rank 1's next collective on the node's group): it fails
+    at once, far within the timeout."""
+    import time
+
+    elapsed = {}
+
+    def receive(transport, local):
+        if local == 1:
+            transport.round_failed()
+            return None
+        start = time.monotonic()
+        try:
+            return transport.recv_checkpoint(0, "thinwire-state/1", 12, TIMEOUT)
+        finally:
+            elapsed[local] = time.monotonic() - start
+
+    result, errors, _ = _two_nodes(receive)
+    # (rank 1's donor fails too: what it sends is never received, torchft reports that)
+    refused = [e for e in errors if isinstance(e, st.UnsafeState)]
+    assert result == {1: None} and len(refused) == 1, (result, errors)
+    assert "healing failed on local rank(s) [1]" in str(refused[0]), errors
+    assert elapsed[0] < TIMEOUT.total_seconds() / 4, elapsed
+
+
+def test_a_split_state_needs_the_nodes_store():
+    group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, TIMEOUT)
+
+    class _Two:  # a node of two ranks, as the transport sees it
+        size, rank = staticmethod(lambda: 2), staticmethod(lambda: 0)
+    with pytest.raises(ValueError, match="node_store"):
+        st.DataOnlyTransport(group, TIMEOUT, own_state=dict, node_group=_Two(),
+                             node_shared=lambda path: True)
 
 
 def _on(device, state):

@@ -86,7 +86,7 @@ def main() -> int:
         def dying_recv(self, src_rank, metadata, step, timeout):
             os._exit(DIE_STATUS)
         DataOnlyTransport.recv_checkpoint = dying_recv
-    manager, pg = per_step.build_manager(
+    manager, pg, transport = per_step.build_manager(
         lighthouse=args.lighthouse, node=args.node, local_rank=local, ranks_per_node=n,
         store_addr="127.0.0.1", store_port=port, hostname="127.0.0.1", timeout=timeout,
         user_state=lambda: holder["ft"].user_state(),
@@ -108,7 +108,7 @@ def main() -> int:
     state = thinwire.SyncState(topo, args.algorithm, density=0.25, dense_below_bytes=0)
     ft = holder["ft"] = per_step.FaultTolerantStep(
         manager, topo, state, model, optimizer, count_departed_mass=args.count_departed_mass,
-        node=args.node)
+        node=args.node, transport=transport)
     params = list(model.parameters())
     committed = attempts = 0
     events = []  # (wall time, manager step, nodes, committed)

@@ -161,26 +161,33 @@ def build_manager(*, lighthouse: str, node: int, local_rank: int, ranks_per_node
     time to target where DDP's own start-up broadcast comes before training). With
     ``node_group`` (the node's ranks' group) a
     joining node fetches its model, optimizer and schedule once, split across its ranks
-    (thinwire.ft.state_transfer)."""
+    (thinwire.ft.state_transfer); its ranks agree on that healing through the node's store.
+    Returns (manager, its cross-node group, the transport: hand it to
+    :class:`FaultTolerantStep`, which opens the transport's rounds)."""
+    import torch.distributed as dist
     from torchft import Manager, ProcessGroupGloo
 
     from thinwire.ft.state_transfer import DataOnlyTransport
 
     pg = ProcessGroupGloo(timeout=timeout)
     built = {}
+    heal_store = None
+    if node_group is not None and node_group.size() > 1:
+        heal_store = dist.TCPStore(store_addr, store_port, is_master=False, timeout=timeout)
     # the transport measures a peer's header against this replica's own state (the Manager's
     # full state dict: torchft's private _manager_state_dict is the one call that returns it)
     transport = DataOnlyTransport(pg, timeout,
                                   own_state=lambda: built["manager"]._manager_state_dict(),
                                   node_group=node_group,
-                                  node_shared=node_shared if node_group is not None else None)
+                                  node_shared=node_shared if node_group is not None else None,
+                                  node_store=heal_store)
     manager = built["manager"] = Manager(
         pg=pg, checkpoint_transport=transport, load_state_dict=load_user_state,
         state_dict=user_state, min_replica_size=min_nodes, use_async_quorum=False,
         replica_id=f"node{node}", store_addr=store_addr, store_port=store_port,
         rank=local_rank, world_size=ranks_per_node, lighthouse_addr=lighthouse,
         hostname=hostname, timeout=timeout, quorum_timeout=timeout, init_sync=False)
-    return manager, pg
+    return manager, pg, transport
 
 
 def topology(manager, pg, node_group, ranks_per_node: int, local_rank: int,
@@ -200,7 +207,7 @@ class FaultTolerantStep:
 
     def __init__(self, manager, topology: Topology, state, model, optimizer,
                  scheduler=None, count_departed_mass: bool = False, node: int | None = None,
-                 job_nodes: int | None = None):
+                 job_nodes: int | None = None, transport=None):
         """``scheduler``: a learning-rate scheduler stepped once per committed step (healed
         with the rest, stepped only where the step commits). ``count_departed_mass``: every
         step, before the commit, all ranks share their residual mass (one small all-reduce
@@ -208,13 +215,16 @@ class FaultTolerantStep:
         (``departures``); off by default, as it costs a cross-node round trip a step. It needs
         ``node``, this rank's node index (the K of its replica id ``nodeK``). ``job_nodes``:
         the job's node count; the schedule then follows :attr:`progress` (samples), else it
-        steps once per committed step."""
+        steps once per committed step. ``transport``: the Manager's DataOnlyTransport
+        (:func:`build_manager` returns it), told of each quorum and of its failure, so that a
+        node's ranks healing together never wait on a rank whose quorum failed."""
         if count_departed_mass and node is None:
             raise ValueError("count_departed_mass needs node, this rank's node index")
         if job_nodes is not None and (isinstance(job_nodes, bool)
                                       or not isinstance(job_nodes, int) or job_nodes < 1):
             raise ValueError(f"job_nodes must be an integer >= 1, got {job_nodes!r}")
         self.job_nodes = job_nodes
+        self.transport = transport
         check_algorithm(state.algorithm)
         self.manager, self.topology, self.state = manager, topology, state
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
@@ -264,7 +274,15 @@ class FaultTolerantStep:
         return (self.manager.batches_committed() * n + self.topology.rank) * batch_size
 
     def begin(self) -> None:
-        self.manager.start_quorum()
+        if self.transport is not None:
+            self.transport.next_round()
+        try:
+            self.manager.start_quorum()
+        except BaseException:
+            self._quorum_failed()
+            raise
+        if self.manager.errored() is not None:
+            self._quorum_failed()
         replica, count = self.manager.participating_rank(), self.manager.num_participants()
         if replica is None or count < 1:
             raise RuntimeError(f"node is not in the quorum (rank {replica}, {count} nodes): "
@@ -277,6 +295,13 @@ class FaultTolerantStep:
         if self.manager.current_step() == 0:  # the same on every rank of the quorum
             self._check_same_start()
         self._snapshot = self.state.snapshot()
+
+    def _quorum_failed(self) -> None:
+        """torchft reported this rank's quorum failed (it re-forms its groups and heals rank
+        by rank; a failure there does not reach the node's other ranks): tell a node-mate that
+        waits for this rank's part of a healing (the step itself will not commit)."""
+        if self.transport is not None:
+            self.transport.round_failed()
 
     def _check_same_start(self) -> None:
         """Without torchft's init_sync the nodes must start alike: at the first step of the

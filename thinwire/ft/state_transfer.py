@@ -27,9 +27,14 @@ ranks, twice the bytes (2 x 26 MB took 4.2 s of a 100 Mbit/s rejoin). What every
 holds alike (``node_shared``: the model, the optimizer and its schedule; data-parallel ranks
 apply the same update) now travels once per node: rank j fetches the j-th of ``n`` equal byte
 slices of it, and the node's ranks all-gather the slices over their own group (loopback). What
-differs by rank (thinwire's SyncState) travels whole to each. The node's ranks then agree that
-each fetched the same layout (a digest of the shared entries) before any slice is used; one
-rank's failure fails every rank of the node at that exchange, none waits past the timeout.
+differs by rank (thinwire's SyncState) travels whole to each. Before any slice is used the
+node's ranks agree, through the node's store, that each fetched its part with one layout (a
+digest of the shared entries). The agreement goes through the store, not the node's group,
+because torchft can fail a rank before it reaches the transport (re-forming its cross-node
+group, fetching its donor's metadata: per rank): such a rank posts its failure for the round
+(:meth:`DataOnlyTransport.round_failed`) and goes on to its step, whose collectives on the
+node's group would otherwise have been paired with a node-mate's agreement. One rank's failure,
+wherever it happens, fails every rank of the node's healing at once.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ DTYPES = {str(t).removeprefix("torch."): t for t in (
 MAX_HEADER_BYTES = 64 << 20  # absolute ceiling; the receiver's own header sets a lower one
 MAX_DIMS = 16
 _HEADER_TAG, _LENGTH_TAG, _SLICE_TAG, _FIRST_TENSOR_TAG = 2, 1, 4, 5
+_POLL_S = 0.005  # how often a rank looks for its node-mates' parts in the node's store
 _ALIGN = 16  # bytes: every shared tensor starts at a multiple (a dtype view needs it)
 
 try:  # torchft is an optional peer: the format below does not need it
@@ -301,15 +307,18 @@ class DataOnlyTransport(CheckpointTransport):
     ``same_structure`` (the default) the peer's state must have exactly its form: the same
     entries, each tensor of the same dtype and shape, each value of the same type.
 
-    node_group, node_shared: this rank's node's process group (its ranks are the replica
-    group's ranks, in order) and which state paths every rank of a node holds alike; the
-    tensors at those paths travel split across the node's ranks (the module's docstring). A
-    node of one rank, or no ``node_group``, sends everything whole."""
+    node_group, node_shared, node_store: this rank's node's process group (its ranks are the
+    replica group's ranks, in order), which state paths every rank of a node holds alike, and
+    a store every rank of the node reaches (where they agree on a healing); the tensors at
+    those paths travel split across the node's ranks (the module's docstring). A node of one
+    rank, or no ``node_group``, sends everything whole. Where the state is split, the caller
+    opens a round before each of torchft's quorums (:meth:`next_round`, on every rank of the
+    node alike) and reports a quorum that failed (:meth:`round_failed`)."""
 
     def __init__(self, pg, timeout: timedelta, own_state: Callable[[], Any], *,
                  cap_ratio: float = 1.5, min_cap_bytes: int = 1 << 20,
                  same_structure: bool = True, node_group=None,
-                 node_shared: Callable[[tuple], bool] | None = None) -> None:
+                 node_shared: Callable[[tuple], bool] | None = None, node_store=None) -> None:
         self._pg, self._timeout, self._own_state = pg, timeout, own_state
         self._cap_ratio, self._min_cap = cap_ratio, min_cap_bytes
         self._same_structure = same_structure
@@ -320,8 +329,26 @@ class DataOnlyTransport(CheckpointTransport):
                 raise ValueError("node_group needs node_shared: which state paths every rank "
                                  "of a node holds alike")
             if node_group.size() > 1:
+                if node_store is None:
+                    raise ValueError("node_group of several ranks needs node_store: where "
+                                     "they agree on a healing")
                 self._slices = (node_group.rank(), node_group.size())
         self._node_shared = node_shared
+        self._node_store = node_store
+        self._round = 0
+
+    def next_round(self) -> None:
+        """A new quorum begins (every rank of the node calls this alike, once per quorum)."""
+        self._round += 1
+
+    def round_failed(self) -> None:
+        """This rank's quorum failed (wherever: the transport or torchft before it): a
+        node-mate that waits for this rank's part of the healing fails at once."""
+        if self._node_store is not None:
+            self._node_store.set(self._key("failed"), b"1")
+
+    def _key(self, what) -> str:
+        return f"thinwire/heal/{self._round}/{what}"
 
     def _split(self, step: int) -> tuple[int, int] | None:
         """(slice, slices) where this step's state travels split, else None. At step 0
@@ -388,7 +415,7 @@ class DataOnlyTransport(CheckpointTransport):
             got, failure = self._recv(src_rank, step, left, slices), None
         except Exception as error:  # noqa: BLE001 - raised below, after the node agreed
             got, failure = None, error
-        leaves, tensors = self._exchange(got, failure, slices)
+        leaves, tensors = self._exchange(got, failure, slices, left)
         return _as_state(rebuild(leaves, tensors))
 
     def _recv(self, src_rank: int, step: int, left, slices):
@@ -426,36 +453,49 @@ class DataOnlyTransport(CheckpointTransport):
             tensors.append(tensor)
         return leaves, (tensors, layout, shared, entries)
 
-    def _exchange(self, got, failure, slices):
+    def _exchange(self, got, failure, slices, left):
         """Every rank of the node: whether its part arrived and a digest of the shared
-        entries' layout, then (all arrived, one layout) the slices all-gathered; the leaves
-        and every tensor in header order. Raises on every rank where one rank failed."""
+        entries' layout, through the node's store, then (all arrived, one layout) the slices
+        all-gathered; the leaves and every tensor in header order. Raises on every rank where
+        one rank failed, here or before it reached the transport."""
         import hashlib
 
         j, n = slices
-        status = torch.zeros(33, dtype=torch.uint8)
+        status = "failed"
         if got is not None:
             _, (_, _, shared, entries) = got
-            digest = hashlib.sha256(json.dumps(
-                [e for e, s in zip(entries, shared) if s]).encode()).digest()
-            status[0], status[1:] = 1, torch.frombuffer(bytearray(digest), dtype=torch.uint8)
-        statuses = torch.empty(n * 33, dtype=torch.uint8)
-        # the group's own method: a registered group or a bare ProcessGroupGloo alike
-        self._node_group._allgather_base(statuses, status).wait()
-        statuses = statuses.view(n, 33)
+            status = "ok " + hashlib.sha256(json.dumps(
+                [e for e, s in zip(entries, shared) if s]).encode()).hexdigest()
+        self._node_store.set(self._key(j), status.encode())
+        statuses = self._statuses(n, left)
         if failure is not None:
             raise failure
-        if not bool(statuses[:, 0].all()):
-            failed = [r for r in range(n) if not statuses[r, 0]]
+        failed = [r for r in range(n) if statuses[r] is None or not statuses[r].startswith("ok")]
+        if failed:
             raise UnsafeState(f"healing failed on local rank(s) {failed} of this node: its "
                               "ranks fetch the shared state together")
-        if not bool((statuses[:, 1:] == statuses[j, 1:]).all()):
+        if len(set(statuses)) > 1:
             raise UnsafeState("this node's ranks were sent shared state of different layouts")
         leaves, (tensors, layout, shared, _) = got
         mine = layout.buffer[layout.slice(j)].clone()
         self._node_group._allgather_base(layout.buffer, mine).wait()
         unpacked = iter(layout.unpack())
         return leaves, [next(unpacked) if s else t for t, s in zip(tensors, shared)]
+
+    def _statuses(self, n: int, left) -> list[str | None]:
+        """Each local rank's status of this round (None: that rank's quorum failed before it
+        posted one), once all are posted or one rank's failure is; raises at the deadline."""
+        store, keys = self._node_store, [self._key(r) for r in range(n)]
+        deadline = time.monotonic() + left().total_seconds()
+        while not store.check(keys):
+            if store.check([self._key("failed")]):
+                return [store.get(k).decode() if store.check([k]) else None for k in keys]
+            if time.monotonic() > deadline:
+                missing = [r for r, k in enumerate(keys) if not store.check([k])]
+                raise TimeoutError(f"healing: local rank(s) {missing} of this node neither "
+                                   f"fetched their part nor failed within the timeout")
+            time.sleep(_POLL_S)
+        return [store.get(k).decode() for k in keys]
 
     def shutdown(self, wait: bool = True) -> None:
         """Nothing runs in the background."""

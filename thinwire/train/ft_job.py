@@ -278,7 +278,7 @@ def _thinwire_step(cfg, node, nodes, n, local, lighthouse, node_group, address, 
     forward, its SyncState); the node is the replica group."""
     store, port = per_step.node_store(node_group, address, local)
     holder = {}
-    manager, pg = per_step.build_manager(
+    manager, pg, transport = per_step.build_manager(
         lighthouse=lighthouse, node=node, local_rank=local, ranks_per_node=n,
         store_addr=address, store_port=port, hostname=address, timeout=timeout,
         user_state=lambda: holder["ft"].user_state(),
@@ -293,7 +293,8 @@ def _thinwire_step(cfg, node, nodes, n, local, lighthouse, node_group, address, 
         density_warmup_steps=cfg.density_warmup_steps,
         density_warmup_from=cfg.density_warmup_from, algorithm_options=sync_options(cfg))
     ft = holder["ft"] = per_step.FaultTolerantStep(manager, topo, state, model, optimizer,
-                                                   scheduler, job_nodes=nodes)
+                                                   scheduler, job_nodes=nodes,
+                                                   transport=transport)
     ft.node_store = store  # torchft's cross-node groups meet through it: alive with the step
     return ft, manager, model, state
 
