@@ -179,6 +179,12 @@ class _NoSync:
     def snapshot(self):
         return "snapshot"
 
+    def healing_state_dict(self):
+        return {}
+
+    def load_state_dict(self, saved):
+        pass
+
 
 def test_a_run_with_nodes_away_counts_samples_for_its_schedule_and_its_data():
     """A job of 4 nodes x 2 ranks: steps of 4, 4, 2, 2 and 4 nodes are 4 full steps; the
@@ -322,3 +328,35 @@ def test_each_quorum_opens_a_healing_round_and_a_failed_one_is_posted(how):
     else:
         ft.begin()
     assert rounds.calls == (["next"] if how == "fine" else ["next", "failed"])
+
+
+def test_evaluations_fall_at_a_quorums_start_and_their_count_heals():
+    """Every 2 full steps, after the next quorum: due once per multiple passed. A node that
+    heals takes the count of evaluations with the state, so at the quorum where the others
+    evaluate it evaluates too, and where they do not, neither does it."""
+    from types import SimpleNamespace
+
+    def step(nodes=2):
+        model = _model()
+        topology = SimpleNamespace(local_rank=0, ranks_per_node=1, world_size=nodes, rank=0,
+                                   nodes=nodes, world=_AloneWorld(),
+                                   inter=SimpleNamespace(failed=lambda: False))
+        return per_step.FaultTolerantStep(_Quorum(nodes), topology, _NoSync(), model,
+                                          torch.optim.SGD(model.parameters(), lr=0.1),
+                                          job_nodes=2)
+    ft, due = step(), []
+    for _ in range(5):
+        ft.begin()
+        due.append(ft.evaluation_due(2))
+        ft.commit()
+    assert due == [False, False, True, False, True]  # at 0, 1, 2, 3, 4 full steps
+    assert ft.user_state()["run"] == {"evaluations": 2}
+
+    back = step()  # a node back at 5 full steps heals from ft: nothing is due until 6
+    back.manager.committed = ft.manager.committed
+    back.load_user_state(ft.user_state())
+    back.begin()
+    assert not back.evaluation_due(2)
+    back.manager.committed += 2  # a 6th full step
+    back.begin()
+    assert back.evaluation_due(2)

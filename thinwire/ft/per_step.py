@@ -237,12 +237,14 @@ class FaultTolerantStep:
         self.node = node
         self._pending_masses: dict[int, float] | None = None
         self._masses: dict[int, float] = {}  # node -> residual L1 at the last committed step
+        self.evaluations = 0  # the run's evaluations so far (heals: see evaluation_due)
         self.departures: list[dict] = []  # {"step", "node", "residual_l1"} of each node lost
 
     # what a joining node takes from a live peer (the Manager's user state)
     def user_state(self) -> dict:
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "sync": self.state.healing_state_dict()}
+                 "sync": self.state.healing_state_dict(),
+                 "run": {"evaluations": self.evaluations}}
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
         return state
@@ -251,6 +253,7 @@ class FaultTolerantStep:
         self.model.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
         self.state.load_state_dict(saved["sync"])
+        self.evaluations = saved["run"]["evaluations"]
         if self.scheduler is not None:
             self.scheduler.load_state_dict(saved["scheduler"])
 
@@ -265,6 +268,19 @@ class FaultTolerantStep:
         if self.job_nodes is None:
             raise RuntimeError("progress counts samples: build the step with job_nodes")
         return self.manager.batches_committed() / self.job_nodes
+
+    def evaluation_due(self, every: float) -> bool:
+        """After :meth:`begin`: whether the run evaluates now, at this quorum's start: the
+        full steps trained (:attr:`progress`) have passed a multiple of ``every`` since the
+        last evaluation. Both the steps and the count of evaluations heal with the state, so
+        every node of the quorum answers alike, and their evaluation's cross-node sum meets.
+        (Evaluating after a commit did not: a node that committed a step another rolled back
+        evaluated alone and waited on the others until the timeout.)"""
+        due = int(self.progress // every)
+        if due <= self.evaluations:
+            return False
+        self.evaluations = due
+        return True
 
     def sample_start(self, batch_size: int) -> int:
         """Where this rank's ``batch_size`` samples of the current step start in the run's

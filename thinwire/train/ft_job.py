@@ -14,8 +14,11 @@ start are `thinwire train`'s for the workload (`setup_run`), as compare runs it;
 heals with the model. ``max_steps`` and ``eval_every`` count full steps. The torchft peer
 trains as torchft's examples do: every process its own shard, a step per step.
 
-Every ``eval_every`` full steps the nodes evaluate on the test set, split over the last
-quorum's ranks and summed over the nodes (:func:`_evaluate`).
+Every ``eval_every`` full steps the nodes evaluate on the test set, split over the quorum's
+ranks and summed over the nodes (:func:`_evaluate`), at the start of the next step, after its
+quorum: there every node of the quorum holds the same steps (a node that rolled back a step
+another committed has healed) and the same count of evaluations (it heals too), so they
+evaluate together (``FaultTolerantStep.evaluation_due``).
 Committed steps leave every node with the same model, so every node measures the same value at
 the same step; with ``stop_at_target`` the nodes stop together at the first evaluation that
 reaches the target (else at the last step). Each node keeps `thinwire train`'s accounting
@@ -177,18 +180,37 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
 
     def full_steps() -> float:
         return manager.current_step() if peer else ft.progress
+    peer_evaluations = 0  # the peer's: each of its processes evaluates alone
     try:
         while True:
-            if full_steps() >= max_steps and (
-                    not finish_with_every_node or (events and events[-1][3]
-                                                        and ft.nodes == nodes)):
-                break
             tick = time.time()
             ft.begin()
-            before = full_steps()  # after healing: the same on every node of the quorum
             if joined_at is None:
                 joined_at = timeline["first_quorum"] = time.time()
                 metrics.start_timing(None)
+                if peer:  # a process that came back evaluates from its return on
+                    peer_evaluations = int(full_steps() // eval_every)
+            if peer:
+                due = int(full_steps() // eval_every) > peer_evaluations
+                peer_evaluations = int(full_steps() // eval_every)
+            else:
+                due = ft.evaluation_due(eval_every)  # alike on every node of the quorum
+            # the steps committed up to the last quorum are evaluated at this one's start,
+            # where every node of the quorum holds them (a node that rolled back a step another
+            # committed has healed), so the nodes evaluate together
+            if due:
+                spent = time.time()
+                accuracy, loss_value = _evaluate(cfg, model, dataset, ft, peer)
+                metrics.record_eval(manager.current_step(), full_steps() / steps_per_epoch,
+                                    accuracy, loss_value)
+                metrics.curve[-1].update(full_steps=full_steps(), nodes=ft.nodes)
+                if metrics.stop_reason:
+                    break
+                tick += time.time() - spent  # the evaluation is not the step's time
+            if full_steps() >= max_steps and (
+                    not finish_with_every_node or (events and events[-1][3]
+                                                        and events[-1][2] == nodes)):
+                break
             step = manager.current_step()
             if peer:
                 while len(batches) <= step:
@@ -212,13 +234,6 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
             metrics.record_step(manager.current_step(), int(full_steps() // steps_per_epoch),
                                 time.time() - tick, loss.detach(),
                                 optimizer.param_groups[0]["lr"])
-            if full_steps() // eval_every > before // eval_every:  # this step crossed one
-                accuracy, loss_value = _evaluate(cfg, model, dataset, ft, peer)
-                metrics.record_eval(manager.current_step(), full_steps() / steps_per_epoch,
-                                    accuracy, loss_value)
-                metrics.curve[-1].update(full_steps=full_steps(), nodes=ft.nodes)
-                if metrics.stop_reason:
-                    break
         job.set(DONE_KEY, str(manager.current_step()))  # a node back from now on has no job
         metrics.stop_timing(None, None, None)  # collective over the node's ranks
         reached = next((point for point in metrics.curve
@@ -251,10 +266,10 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
 
 
 def _evaluate(cfg, model, dataset, ft, peer) -> tuple[float, float]:
-    """thinwire train's evaluation, split over every rank of the last step's quorum and summed
+    """thinwire train's evaluation, split over every rank of the quorum just formed and summed
     over its nodes (each node evaluating the whole test set cost N times the work: 4 nodes
     side by side on the emulator's 2 cores took about half a 4 x 1 run's time). Where the sum
-    fails (a node lost since the step), the node's ranks evaluate the whole set themselves:
+    fails (a node lost since the quorum), the node's ranks evaluate the whole set themselves:
     the same counts, so every node takes the same stop decision. The torchft peer's nodes
     each evaluate the whole set (its process group is its node's)."""
     cpu = torch.device("cpu")
