@@ -25,6 +25,9 @@ Per run:
   time over the undisturbed, the checkpoint-restart and the torchft run's, in the same repeat;
 - ``rejoin_s``: from the returning node's worker processes being created to its first quorum
   (its healing included; torchrun's own start comes before and is not counted);
+- ``rejoin_parts``: where its rejoin went, seconds from the processes' creation to the end
+  of each stage of local rank 0 (imports, the node's process group, model and data, the
+  Manager, the barrier with its node-mates, the first quorum with healing), in the JSON;
 - ``kills``: nodes the schedule killed before the run ended (later events never happen);
 - ``restarts``: times checkpoint-restart resumed from its checkpoint;
 - ``rolled_back``: steps node 0 undid;
@@ -78,6 +81,8 @@ def _fault_tolerant(spec, workload: str, algorithm: str, max_steps: int,
             "quorums": " ".join(f"{n}@{s}" for s, n in first.get("quorums", [])),
             "kills": kills,
             "rejoin_s": back["joined_at"] - back["started_at"]
+            if spec.failure_schedule and back.get("joined_at") else None,
+            "rejoin_parts": {k: round(v, 3) for k, v in back.get("timeline_s", {}).items()}
             if spec.failure_schedule and back.get("joined_at") else None,
             "log_tail": None if status == 0 else _failure_excerpt(log.getvalue())}
 
