@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from thinwire import collectives, link_probe, robust_choice
+from thinwire import collectives, link_probe
 
 # the hook's settings a plan's candidate sets (auto chooses them: not the caller's to pass)
 CHOSEN_SETTINGS = ("density", "selector", "sparse_wire", "wire")
@@ -75,12 +75,6 @@ def load(plan) -> dict:
                                  f"settings (a dict), got {row!r}"[:300])
             if row.get("time_to_target_s") is not None:
                 _finite(row["time_to_target_s"], f"{where}.time_to_target_s")
-            by_seed = row.get("time_by_seed_s", {})
-            if not isinstance(by_seed, dict):
-                raise ValueError(f"plan: {where}.time_by_seed_s must be a dict (seed -> "
-                                 f"seconds), got {type(by_seed).__name__}")
-            for seed, t in by_seed.items():
-                _finite(t, f"{where}.time_by_seed_s[{seed!r}]")
     if plan.get("inter_efficiency") is not None:
         _finite(plan["inter_efficiency"], "inter_efficiency")
     return plan
@@ -119,36 +113,12 @@ def hook_settings(row: dict) -> tuple[str, dict] | str:
 
 def predicted(plan: dict, bps: float) -> dict[str, float | None]:
     """Each candidate's time to target at ``bps`` (interpolated between the plan's rates)."""
-    return _interpolated(plan, bps, lambda row: {"": row.get("time_to_target_s")}).get("", {})
-
-
-def predicted_by_seed(plan: dict, bps: float) -> dict[str, dict[str, float]]:
-    """{candidate: {seed: its time to target at that seed's steps}} at ``bps``, interpolated
-    as :func:`predicted` (a seed missing at a neighbouring rate is left out)."""
-    out: dict[str, dict[str, float]] = {}
-    for seed, times in _interpolated(plan, bps,
-                                     lambda row: row.get("time_by_seed_s") or {}).items():
-        for name, t in times.items():
-            if t is not None:
-                out.setdefault(name, {})[seed] = t
-    return out
-
-
-def _interpolated(plan: dict, bps: float, values) -> dict[str, dict[str, float | None]]:
-    """{key: {candidate: value at ``bps``}} for each key of ``values(row)``, interpolated
-    linearly in log rate and log value between the plan's nearest rates (the end's value
-    outside them; None where a neighbouring rate has none)."""
     rates = sorted(plan["plans"], key=lambda p: p["inter_node_bps"])
-    points_of: dict[str, dict[str, list]] = {}
+    times: dict[str, list] = {}
     for at in rates:
         for row in at["rows"]:
-            for key, value in values(row).items():
-                points_of.setdefault(key, {}).setdefault(row["candidate"], []).append(
-                    (at["inter_node_bps"], value))
-    return {key: _at(points, bps) for key, points in points_of.items()}
-
-
-def _at(times: dict[str, list], bps: float) -> dict[str, float | None]:
+            times.setdefault(row["candidate"], []).append(
+                (at["inter_node_bps"], row.get("time_to_target_s")))
     out = {}
     for name, points in times.items():
         below = [p for p in points if p[0] <= bps]
@@ -168,48 +138,36 @@ def _at(times: dict[str, list], bps: float) -> dict[str, float | None]:
 def choose(plan: dict, goodput_Bps: float, fits=None) -> tuple[str, dict, dict]:
     """(algorithm, settings, the record) for the probed goodput. ``fits(algorithm,
     settings)``: None where the caller's own settings suit that candidate, else why not (a
-    candidate they do not suit is passed over and named). Among the candidates a hook runs
-    with the caller's settings, the fastest predicted; where the plan's steps came from
-    several seeds, the least worst loss over them (thinwire.robust_choice)."""
+    candidate they do not suit is passed over and named)."""
     efficiency = plan.get("inter_efficiency") or 1.0
     bps = goodput_Bps * 8 / efficiency
     times = predicted(plan, bps)
     rows = {row["candidate"]: row for at in plan["plans"] for row in at["rows"]}
     ranked = sorted((t, name) for name, t in times.items() if t is not None)
-    passed_over, eligible = [], {}
+    skipped, unsuited = [], []
     for t, name in ranked:
         mapped = hook_settings(rows[name])
-        why = mapped if isinstance(mapped, str) else \
-            (fits(*mapped) if fits is not None else None)
+        if isinstance(mapped, str):
+            skipped.append({"candidate": name, "time_to_target_s": t, "why": mapped})
+            continue
+        algorithm, settings = mapped
+        why = fits(algorithm, settings) if fits is not None else None
         if why is not None:
-            passed_over.append({"candidate": name, "time_to_target_s": t, "why": why,
-                                "not_a_hook": isinstance(mapped, str)})
-        else:
-            eligible[name] = t
-    if not eligible:
-        raise ValueError(
-            f"plan: no candidate a thinwire hook runs with these settings reaches the target "
-            f"at {bps / 1e6:.0f} Mbit/s (ranked: {[n for _, n in ranked] or 'none'}; not for "
-            f"these settings: "
-            f"{[p['why'] for p in passed_over if not p['not_a_hook']][:2] or 'none'})")
-    taken, losses = robust_choice.order(eligible, predicted_by_seed(plan, bps))
-    name, t = taken[0], eligible[taken[0]]
-    algorithm, settings = hook_settings(rows[name])
-
-    def ahead(not_a_hook: bool) -> list[dict]:
-        return [{k: p[k] for k in ("candidate", "time_to_target_s", "why")}
-                for p in passed_over if p["not_a_hook"] == not_a_hook
-                and p["time_to_target_s"] < t]
-    rates = sorted(p["inter_node_bps"] for p in plan["plans"])
-    return algorithm, settings, {
-        "choice": name, "algorithm": algorithm, "settings": settings,
-        "planned_at_bps": bps, "predicted_time_to_target_s": t,
-        "worst_loss_over_seeds": losses.get(name),
-        "inside_plan_rates": rates[0] <= bps <= rates[-1],
-        "ahead_but_not_a_thinwire_hook": ahead(True),
-        "ahead_but_not_for_your_settings": ahead(False),
-        "runners_up": [{"candidate": n, "time_to_target_s": s}
-                       for s, n in ranked if n != name][:3]}
+            unsuited.append({"candidate": name, "time_to_target_s": t, "why": why})
+            continue
+        rates = sorted(p["inter_node_bps"] for p in plan["plans"])
+        return algorithm, settings, {
+            "choice": name, "algorithm": algorithm, "settings": settings,
+            "planned_at_bps": bps, "predicted_time_to_target_s": t,
+            "inside_plan_rates": rates[0] <= bps <= rates[-1],
+            "ahead_but_not_a_thinwire_hook": skipped,
+            "ahead_but_not_for_your_settings": unsuited,
+            "runners_up": [{"candidate": n, "time_to_target_s": s}
+                           for s, n in ranked if n != name][:3]}
+    raise ValueError(f"plan: no candidate a thinwire hook runs with these settings reaches the "
+                     f"target at {bps / 1e6:.0f} Mbit/s (ranked: "
+                     f"{[n for _, n in ranked] or 'none'}; not for these settings: "
+                     f"{[u['why'] for u in unsuited][:2] or 'none'})")
 
 
 def agree(error: Exception | None, device, what: str, digest: int = 0) -> None:

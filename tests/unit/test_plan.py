@@ -91,7 +91,7 @@ def test_cli_prints_the_ranking_and_writes_json(tmp_path, capsys):
     assert thinwire_main(["plan", "--calibrate", str(path), "--calibrate-at", "200mbit",
                           "--inter-node-bandwidth", "50mbit", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "choice (the fastest predicted): hitopk" in printed and "break-even: below" in printed
+    assert "best: hitopk" in printed and "break-even: below" in printed
     assert "not ranked (steps to target never measured" in printed
     assert json.loads(out.read_text())["plans"][0]["best"]["algorithm"] == "hitopk"
 
@@ -178,25 +178,3 @@ def test_thinwire_plans_json_is_what_ddp_register_auto_reads(plan):
         algorithm, _, record = plan_choice.choose(loaded, one["inter_node_bps"] * efficiency / 8)
         assert record["planned_at_bps"] == pytest.approx(one["inter_node_bps"])
         assert algorithm == one["best"]["algorithm"]  # at a plan's own rate: its best
-
-
-def test_with_steps_at_several_seeds_the_choice_is_the_least_worst_loss(tmp_path):
-    """At 200 Mbit/s hitopk is the fastest predicted by its median over seeds 0-2 (80 steps
-    at two of them: 1.58x faster than the all-reduce), but at seed 2 it needed 3x its steps
-    and lost to the all-reduce by 1.9x; the all-reduce never lost by as much: it is the plan's
-    choice, hitopk stays the fastest predicted (``best``). Each row carries its time at each
-    seed's steps."""
-    path = _results(tmp_path, seeds=(0, 1, 2), extra_steps={("hitopk", 2): 160})
-    one = make_plan([path], [path], None, None, None, ["200mbit"])["plans"][0]
-    rows = {r["algorithm"]: r for r in one["rows"] if r["time_to_target_s"] is not None}
-    hitopk, allreduce = rows["hitopk"], rows["allreduce"]
-    assert set(hitopk["time_by_seed_s"]) == {"0", "1", "2"}
-    assert hitopk["time_by_seed_s"]["2"] == pytest.approx(3 * hitopk["time_by_seed_s"]["0"],
-                                                          rel=1e-6)
-    assert one["best"]["algorithm"] == "hitopk" and one["choice"]["algorithm"] == "allreduce"
-    assert hitopk["worst_loss_over_seeds"] == pytest.approx(
-        hitopk["time_by_seed_s"]["2"] / allreduce["time_by_seed_s"]["2"])
-    assert allreduce["worst_loss_over_seeds"] == pytest.approx(
-        allreduce["time_by_seed_s"]["0"] / hitopk["time_by_seed_s"]["0"])
-    assert allreduce["worst_loss_over_seeds"] < hitopk["worst_loss_over_seeds"]
-    assert (allreduce["choice_order"], hitopk["choice_order"]) == (0, 1)

@@ -21,7 +21,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from thinwire import collectives, robust_choice
+from thinwire import collectives
 from thinwire.sim import powersgd
 from thinwire.sim.calibrate import (ALGORITHM_ALIASES, Run, fit, mode_name, overlap_modes,
                                     predict, predict_diloco, rate_bps, read_runs, reindexed)
@@ -112,39 +112,25 @@ def dense_warmup(cfg) -> tuple[int, object | None]:
 def time_to_target(cfg, steps: float, setting: Setting, params: dict, layers_key: str,
                    layers: list, overlap) -> tuple[float, float]:
     """(predicted seconds to target, the compressed step's seconds)."""
-    seconds = _seconds_for(cfg, setting, params, layers_key, layers, overlap)
-    return seconds(steps), seconds.step_s
-
-
-def _seconds_for(cfg, setting: Setting, params: dict, layers_key: str, layers: list, overlap):
-    """seconds(steps): the time to target of ``cfg`` at that many steps (its dense warm-up
-    steps at the dense step's time); ``.step_s``: the compressed step's seconds."""
     step = step_time(cfg, setting, params, layers_key, layers, overlap)["iteration_s"]
-    warm_steps, dense = dense_warmup(cfg)
+    warm, dense = dense_warmup(cfg)
+    warm = min(warm, steps)
     dense_s = step_time(dense, setting, params, layers_key, layers, overlap)["iteration_s"] \
-        if warm_steps else 0.0
-
-    def seconds(steps: float) -> float:
-        warm = min(warm_steps, steps)
-        return warm * dense_s + (steps - warm) * step
-    seconds.step_s = step
-    return seconds
+        if warm else 0.0
+    return warm * dense_s + (steps - warm) * step, step
 
 
 def rank(setting: Setting, params: dict, overlap, layers_key: str, layers: list,
          entries: dict, candidates: dict) -> list[dict]:
     """One row per candidate (``candidates``: :func:`grid`'s), those with measured steps first
-    by predicted time to target; each with its time at each seed's steps, and where two seeds
-    or more were measured, its worst loss over them and its place in auto's order
-    (thinwire.robust_choice)."""
+    by predicted time to target."""
     rows = []
     for cand, cfg in candidates.items():
         row = step_time(cfg, setting, params, layers_key, layers, overlap)
         entry = entries.get(cand)
         steps = entry.estimate if entry is not None else None
-        seconds = _seconds_for(cfg, setting, params, layers_key, layers, overlap) \
-            if steps is not None else None
-        ttt = None if steps is None else seconds(steps)
+        ttt = None if steps is None else \
+            time_to_target(cfg, steps, setting, params, layers_key, layers, overlap)[0]
         rows.append({
             "candidate": cand.label(), "algorithm": cand.algorithm,
             "settings": cand.settings,
@@ -152,9 +138,6 @@ def rank(setting: Setting, params: dict, overlap, layers_key: str, layers: list,
             "step_s": row["iteration_s"], "inter_node_mb_per_step": row["inter_node_mb_per_iter"],
             "steps": steps, "steps_spread": entry.spread if entry is not None else None,
             "time_to_target_s": ttt, "dense_warmup_steps": dense_warmup(cfg)[0],
-            "time_by_seed_s": {str(seed): float(seconds(statistics.median(v)))
-                               for seed, v in sorted(entry.by_seed.items())}
-            if seconds is not None else {},
             "measured_missed_at": entry.missed if entry is not None and steps is None else None,
             "command": command(cfg, setting),
         })
@@ -164,19 +147,7 @@ def rank(setting: Setting, params: dict, overlap, layers_key: str, layers: list,
     for r in rows:
         r["vs_best"] = (r["time_to_target_s"] / best
                         if best and r["time_to_target_s"] is not None else None)
-    chosen, losses = robust_choice.order({r["candidate"]: r["time_to_target_s"] for r in rows},
-                                         {r["candidate"]: r["time_by_seed_s"] for r in rows})
-    place = {name: i for i, name in enumerate(chosen)}
-    for r in rows:
-        r["worst_loss_over_seeds"] = losses.get(r["candidate"])
-        r["choice_order"] = place.get(r["candidate"])
     return rows
-
-
-def choice(rows: list[dict]) -> dict | None:
-    """The row auto takes first (its ``choice_order`` 0): the fastest predicted, or where the
-    steps were measured at several seeds, the least worst loss over them."""
-    return next((r for r in rows if r.get("choice_order") == 0), None)
 
 
 def command(cfg, setting: Setting) -> dict:
@@ -323,8 +294,7 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
         rows = rank(setting, params, mode, model, layers.layers, entries, candidates)
         plans.append({"rate": rate, "inter_node_bps": setting.inter_bps, "rows": rows,
                       "best": next((r for r in rows if r["time_to_target_s"] is not None),
-                                   None),
-                      "choice": choice(rows)})
+                                   None)})
     setting = Setting(workload, nodes, ranks_per_node, None, compute_s)
     return {
         "workload": work.describe(), "training": dict(work.training),
@@ -397,8 +367,7 @@ def check_against(plan: dict, paths) -> dict:
             rows.append({"rate": one["rate"], "candidate": r["candidate"],
                          "predicted_s": r["time_to_target_s"], "measured_s": got,
                          "error": None if got is None else r["time_to_target_s"] / got - 1})
-        taken = one.get("choice") or one["best"]  # plans written before the choice: best
-        best = taken["candidate"] if taken else None
+        best = one["best"]["candidate"] if one["best"] else None
         fastest = min(reached, key=reached.get) if reached else None
         chosen = reached.get(best)
         summary.append({"rate": one["rate"], "plan_choice": best, "measured_fastest": fastest,

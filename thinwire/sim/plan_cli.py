@@ -77,8 +77,7 @@ def _print(plan: dict) -> None:
         print(f"\nat {one['rate']}:")
         rows = [{"#": i + 1, "candidate": r["candidate"], "step_ms": 1e3 * r["step_s"],
                  "steps": r["steps"], "to_target_s": r["time_to_target_s"],
-                 "vs_best": r["vs_best"], "worst_loss": r.get("worst_loss_over_seeds"),
-                 "inter_MB/step": r["inter_node_mb_per_step"]}
+                 "vs_best": r["vs_best"], "inter_MB/step": r["inter_node_mb_per_step"]}
                 for i, r in enumerate(ranked)]
         if rows:
             print(format_table(rows, rows[0].keys()))
@@ -88,15 +87,9 @@ def _print(plan: dict) -> None:
                   f"fastest steps first): "
                   + "; ".join(f"{r['candidate']} {1e3 * r['step_s']:.0f} ms/step"
                               for r in shown))
-        taken = one.get("choice") or one["best"]
-        if taken is not None:
-            why = ("the least worst loss over the seeds (worst_loss: its time over the "
-                   "fastest's at the seed where it lost most)"
-                   if taken.get("worst_loss_over_seeds") is not None
-                   else "the fastest predicted")
-            print(f"choice ({why}): {taken['candidate']}\n"
-                  f"  emulated: {taken['command']['compare']}\n"
-                  f"  cluster:  {taken['command']['train']}")
+        if one["best"] is not None:
+            print(f"best: {one['best']['candidate']}\n  emulated: {one['best']['command']['compare']}"
+                  f"\n  cluster:  {one['best']['command']['train']}")
     print(f"\nbreak-even: {plan['break_even']['note']}")
     for note in plan["notes"]:
         print(f"left out: {note}")

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from thinwire import link_probe, robust_choice
+from thinwire import link_probe
 from thinwire.link_probe import PROBE_REPEATS
 from thinwire.train import auto_compute, modes
 
@@ -135,26 +135,14 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
             and (not per_step_only or modes.mode_of(r["algorithm"]).per_step)]
     if not rows:
         raise ValueError("--plan-from holds no candidate that reached the target")
-    # where the steps were measured at several seeds, the least worst loss over them first
-    taken, losses = robust_choice.order({r["candidate"]: r["time_to_target_s"] for r in rows},
-                                        {r["candidate"]: r["time_by_seed_s"] for r in rows})
-    by_name = {r["candidate"]: r for r in rows}
-    rows = [by_name[name] for name in taken]
     best = rows[0]
-    how = (f"least worst loss over the plan's seeds ({losses[best['candidate']]:.2f}x the "
-           f"fastest at its worst seed; fastest predicted: "
-           f"{min(rows, key=lambda r: r['time_to_target_s'])['candidate']})"
-           if losses else "fastest predicted time to target")
     info = {"probe": probe, "planned_at_bps": bps, "choice": best["candidate"],
             "compute": dict(compute, planned_ms=1e3 * plan["compute_s"]),
             "predicted_time_to_target_s": best["time_to_target_s"],
-            "worst_loss_over_seeds": losses.get(best["candidate"]),
-            "runners_up": [{"candidate": r["candidate"],
-                            "vs_choice": r["time_to_target_s"] / best["time_to_target_s"],
-                            "worst_loss_over_seeds": losses.get(r["candidate"])}
+            "runners_up": [{"candidate": r["candidate"], "vs_choice": r["vs_best"]}
                            for r in rows[1:1 + RUNNERS_UP]],
             "break_even_bps": plan["break_even"].get("bps"),
-            "reason": f"{how} at the probed {bps / 1e6:.0f} Mbit/s"
+            "reason": f"fastest predicted time to target at the probed {bps / 1e6:.0f} Mbit/s"
                       + ("" if probe.get("trusted", True) else
                          f" (a probe not trusted, {probe.get('bound_by')}-bound: "
                          f"{probe.get('why')})")}
