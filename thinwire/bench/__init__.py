@@ -31,6 +31,7 @@ BENCH_MODULES = [
     "thinwire.bench.wavelet",
     "thinwire.bench.wavelet_pipeline",
     "thinwire.bench.auto_grid",
+    "thinwire.bench.seed_holdout",
 ]
 
 

@@ -56,7 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
-def _rates(values: list[str]) -> list[str]:
+def parse_rates(values: list[str]) -> list[str]:
+    """Link rates from --inter-node-bandwidth values (comma-separated, repeatable), each checked."""
     from thinwire.sim.calibrate import rate_bps
 
     rates = [r for v in values for r in v.split(",") if r.strip()]
@@ -124,7 +125,7 @@ def main(args) -> int:
     from thinwire.sim.plan import make_plan
 
     plan = make_plan(args.calibrate, args.steps_from or args.calibrate, args.workload,
-                     args.nodes, args.ranks_per_node, _rates(args.inter_node_bandwidth),
+                     args.nodes, args.ranks_per_node, parse_rates(args.inter_node_bandwidth),
                      args.compute_ms, args.calibrate_at, args.phase_form)
     _print(plan)
     plan["rows"] = plan["steps_table"]  # what docs/results.md reads, unless --measured
