@@ -26,6 +26,7 @@ import math
 import statistics
 
 from thinwire.bench.report import format_table, save_if_asked
+from thinwire.cliargs import integer
 
 WITHIN = 1.10  # a choice within 10% of the held-out seed's fastest counts as right
 
@@ -126,7 +127,9 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--inter-node-bandwidth", required=True,
                         help="link rates, comma-separated (e.g. 25mbit,1gbit,none)")
     parser.add_argument("--workload", default=None, help="default: the steps files' one")
-    parser.add_argument("--nodes", type=int, default=None)
-    parser.add_argument("--ranks-per-node", type=int, default=None)
+    parser.add_argument("--nodes", type=integer(1), default=None,
+                        help="the cluster's nodes (default: the calibration's)")
+    parser.add_argument("--ranks-per-node", type=integer(1), default=None,
+                        help="ranks per node (default: the calibration's)")
     parser.add_argument("--json", default=None, help="write the rows and summary here")
     parser.set_defaults(func=run)
