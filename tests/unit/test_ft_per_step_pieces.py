@@ -288,7 +288,8 @@ def test_the_evaluation_split_over_a_quorums_ranks_sums_to_the_whole_test_set():
 
 
 class _Rounds:
-    """A transport that records the rounds it is told of."""
+    """A transport that records the rounds it is told of (and a cross-node group, its
+    aborts)."""
 
     def __init__(self):
         self.calls = []
@@ -298,6 +299,12 @@ class _Rounds:
 
     def round_failed(self):
         self.calls.append("failed")
+
+    def abort(self):
+        self.calls.append("abort")
+
+    def failed(self):
+        return False
 
 
 @pytest.mark.parametrize("how", ["reported", "raised", "fine"])
@@ -316,9 +323,9 @@ def test_each_quorum_opens_a_healing_round_and_a_failed_one_is_posted(how):
             return "configure failed" if how == "reported" else None
 
     model = _model()
-    topology = SimpleNamespace(local_rank=0, ranks_per_node=2, world_size=4, rank=0, nodes=2,
-                               world=_AloneWorld(), inter=SimpleNamespace(failed=lambda: False))
     rounds = _Rounds()
+    topology = SimpleNamespace(local_rank=0, ranks_per_node=2, world_size=4, rank=0, nodes=2,
+                               world=_AloneWorld(), inter=rounds)
     ft = per_step.FaultTolerantStep(_Failing(2), topology, _NoSync(), model,
                                     torch.optim.SGD(model.parameters(), lr=0.1),
                                     transport=rounds)
@@ -327,7 +334,9 @@ def test_each_quorum_opens_a_healing_round_and_a_failed_one_is_posted(how):
             ft.begin()
     else:
         ft.begin()
-    assert rounds.calls == (["next"] if how == "fine" else ["next", "failed"])
+    # a failed quorum also closes this rank's cross-node group: a donor sending to it, or a
+    # node evaluating with it, fails now rather than at its timeout
+    assert rounds.calls == (["next"] if how == "fine" else ["next", "failed", "abort"])
 
 
 def test_evaluations_fall_at_a_quorums_start_and_their_count_heals():
@@ -350,13 +359,14 @@ def test_evaluations_fall_at_a_quorums_start_and_their_count_heals():
         due.append(ft.evaluation_due(2))
         ft.commit()
     assert due == [False, False, True, False, True]  # at 0, 1, 2, 3, 4 full steps
-    assert ft.user_state()["run"] == {"evaluations": 2}
+    assert ft.user_state()["run"] == {"evaluations": 2, "last_commit_nodes": 2}
 
     back = step()  # a node back at 5 full steps heals from ft: nothing is due until 6
     back.manager.committed = ft.manager.committed
     back.load_user_state(ft.user_state())
     back.begin()
     assert not back.evaluation_due(2)
+    assert back.last_commit_nodes == 2  # the last committed step's nodes, healed too
     back.manager.committed += 2  # a 6th full step
     back.begin()
     assert back.evaluation_due(2)

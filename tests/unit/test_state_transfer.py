@@ -130,6 +130,7 @@ def _two_nodes(receive, silent_donor: int | None = None, step: int = 12):
                 _CountingGroup(pg, sent[local]), TIMEOUT,
                 own_state=lambda: _node_state(local), node_group=node_group,
                 node_shared=node_shared, node_store=heal_stores[node])
+            transport.next_round()  # as FaultTolerantStep.begin opens one per quorum
             if node == 0 and local != silent_donor:
                 transport.send_checkpoint([1], step, _node_state(local), TIMEOUT)
             elif node == 1:
@@ -212,6 +213,19 @@ def test_a_rank_whose_quorum_failed_before_the_transport_fails_its_node_mate_at_
     assert result == {1: None} and len(refused) == 1, (result, errors)
     assert "healing failed on local rank(s) [1]" in str(refused[0]), errors
     assert elapsed[0] < TIMEOUT.total_seconds() / 4, elapsed
+
+
+def test_a_split_healing_without_a_round_of_its_own_is_refused():
+    """The agreement's keys are the round's: a second healing in the same round would read the
+    first one's statuses (a caller that never opens rounds would heal once, then misread)."""
+    def receive(transport, local):
+        first = transport.recv_checkpoint(0, "thinwire-state/1", 12, TIMEOUT)
+        with pytest.raises(ValueError, match="needs a round of its own"):
+            transport.recv_checkpoint(0, "thinwire-state/1", 12, TIMEOUT)
+        return first
+    result, errors, _ = _two_nodes(receive)
+    assert not errors, errors
+    assert all(_same(result[local], _node_state(local)) for local in range(2))
 
 
 def test_a_split_state_needs_the_nodes_store():

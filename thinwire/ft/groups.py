@@ -41,12 +41,12 @@ class ReplicaGroup:
     def failed(self) -> bool:
         return self.manager.errored() is not None
 
-    def _abort(self) -> None:
+    def abort(self) -> None:
         """Close this rank's connections of the step's group, so that a live peer waiting on
-        this rank (it lost another) fails now rather than at its timeout: with 3 nodes
-        left of 4, only the lost node's neighbours see its death; the others waited 30 s
-        for them. The next quorum configures a fresh group (torchft reconfigures after an
-        error)."""
+        this rank (it lost another, or its quorum failed) fails now rather than at its
+        timeout: with 3 nodes left of 4, only the lost node's neighbours see its death; the
+        others waited 30 s for them. The next quorum configures a fresh group (torchft
+        reconfigures after an error)."""
         try:
             self.pg.abort()
         except Exception:  # noqa: BLE001 - best effort: the quorum replaces the group anyway
@@ -58,7 +58,7 @@ class ReplicaGroup:
         if not self.failed():
             self.manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()  # reports a failure
             if self.failed():
-                self._abort()
+                self.abort()
         if self.failed():
             tensor.zero_()
 
@@ -78,7 +78,7 @@ class ReplicaGroup:
                     out.copy_(into)
             except Exception as error:  # noqa: BLE001 - a peer gone: the Manager decides
                 self.manager.report_error(error)
-                self._abort()
+                self.abort()
         if self.failed():
             out.view(-1, tensor.numel()).copy_(tensor.reshape(1, -1))
 

@@ -153,8 +153,8 @@ def node_shared(path: tuple) -> bool:
 def build_manager(*, lighthouse: str, node: int, local_rank: int, ranks_per_node: int,
                   store_addr: str, store_port: int, hostname: str, timeout: timedelta,
                   user_state, load_user_state, min_nodes: int = 1, node_group=None):
-    """(torchft Manager, its cross-node process group) for one rank of node ``node``: a
-    synchronous quorum, healing through the data-only transport, no ``init_sync``: every node
+    """The torchft Manager of one rank of node ``node`` (returned with its cross-node process
+    group and its checkpoint transport): a synchronous quorum, healing through the data-only transport, no ``init_sync``: every node
     builds the same start from the same seed (:class:`FaultTolerantStep` checks it at the first
     step), so the first quorum moves nothing over the links (torchft's init_sync sent every
     node but the first the whole state: 6.6 s of a 4 x 1 start at 100 Mbit/s, counted in the
@@ -238,13 +238,15 @@ class FaultTolerantStep:
         self._pending_masses: dict[int, float] | None = None
         self._masses: dict[int, float] = {}  # node -> residual L1 at the last committed step
         self.evaluations = 0  # the run's evaluations so far (heals: see evaluation_due)
+        self.last_commit_nodes = 0  # nodes of the last committed step (heals with the state)
         self.departures: list[dict] = []  # {"step", "node", "residual_l1"} of each node lost
 
     # what a joining node takes from a live peer (the Manager's user state)
     def user_state(self) -> dict:
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "sync": self.state.healing_state_dict(),
-                 "run": {"evaluations": self.evaluations}}
+                 "run": {"evaluations": self.evaluations,
+                         "last_commit_nodes": self.last_commit_nodes}}
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
         return state
@@ -254,6 +256,7 @@ class FaultTolerantStep:
         self.optimizer.load_state_dict(saved["optimizer"])
         self.state.load_state_dict(saved["sync"])
         self.evaluations = saved["run"]["evaluations"]
+        self.last_commit_nodes = saved["run"]["last_commit_nodes"]
         if self.scheduler is not None:
             self.scheduler.load_state_dict(saved["scheduler"])
 
@@ -275,7 +278,9 @@ class FaultTolerantStep:
         last evaluation. Both the steps and the count of evaluations heal with the state, so
         every node of the quorum answers alike, and their evaluation's cross-node sum meets.
         (Evaluating after a commit did not: a node that committed a step another rolled back
-        evaluated alone and waited on the others until the timeout.)"""
+        evaluated alone and waited on the others until the timeout.) A node whose healing
+        failed answers from its own, older state; it has closed its cross-node group
+        (:meth:`begin`), so the others' sum fails at once rather than waiting on it."""
         due = int(self.progress // every)
         if due <= self.evaluations:
             return False
@@ -315,9 +320,14 @@ class FaultTolerantStep:
     def _quorum_failed(self) -> None:
         """torchft reported this rank's quorum failed (it re-forms its groups and heals rank
         by rank; a failure there does not reach the node's other ranks): tell a node-mate that
-        waits for this rank's part of a healing (the step itself will not commit)."""
+        waits for this rank's part of a healing, and close this rank's cross-node group, so
+        that a peer waiting on it there (a donor sending to it, an evaluation's sum) fails now,
+        not at its timeout (the step itself will not commit)."""
         if self.transport is not None:
             self.transport.round_failed()
+        abort = getattr(self.topology.inter, "abort", None)
+        if abort is not None:
+            abort()
 
     def _check_same_start(self) -> None:
         """Without torchft's init_sync the nodes must start alike: at the first step of the
@@ -374,6 +384,7 @@ class FaultTolerantStep:
             self._count_departures(self.node)
         committed = self.manager.should_commit()
         if committed:
+            self.last_commit_nodes = self.nodes
             self.optimizer.step()
             if self.scheduler is not None:
                 if self.job_nodes is not None:  # to the samples trained (torchft counted them)

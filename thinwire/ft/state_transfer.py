@@ -34,7 +34,8 @@ because torchft can fail a rank before it reaches the transport (re-forming its 
 group, fetching its donor's metadata: per rank): such a rank posts its failure for the round
 (:meth:`DataOnlyTransport.round_failed`) and goes on to its step, whose collectives on the
 node's group would otherwise have been paired with a node-mate's agreement. One rank's failure,
-wherever it happens, fails every rank of the node's healing at once.
+wherever it happens, fails every rank of the node's healing as soon as that rank's quorum
+returns (within the timeout: a rank whose donor's metadata hangs waits that long).
 """
 
 from __future__ import annotations
@@ -336,6 +337,7 @@ class DataOnlyTransport(CheckpointTransport):
         self._node_shared = node_shared
         self._node_store = node_store
         self._round = 0
+        self._used_round = 0  # the last round a split healing used (round 0 is never opened)
 
     def next_round(self) -> None:
         """A new quorum begins (every rank of the node calls this alike, once per quorum)."""
@@ -409,6 +411,11 @@ class DataOnlyTransport(CheckpointTransport):
         if slices is None:
             leaves, (tensors, *_) = self._recv(src_rank, step, left, None)
             return _as_state(rebuild(leaves, tensors))
+        if self._round == self._used_round:  # the keys of a used round would be read again
+            raise ValueError("a split healing needs a round of its own: call next_round() "
+                             "before each of torchft's quorums (FaultTolerantStep.begin does, "
+                             "given the transport)")
+        self._used_round = self._round
         # split: every rank of the node reaches the exchange, whether its part came or not,
         # so that no node-mate waits on it past the timeout
         try:

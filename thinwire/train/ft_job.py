@@ -180,37 +180,46 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
 
     def full_steps() -> float:
         return manager.current_step() if peer else ft.progress
-    peer_evaluations = 0  # the peer's: each of its processes evaluates alone
+
+    def evaluated() -> bool:
+        """Evaluate the model as it stands and record it; whether the run stops there."""
+        accuracy, loss_value = _evaluate(cfg, model, dataset, ft, peer)
+        metrics.record_eval(manager.current_step(), full_steps() / steps_per_epoch, accuracy,
+                            loss_value)
+        metrics.curve[-1].update(full_steps=full_steps(), nodes=ft.nodes)
+        return bool(metrics.stop_reason)
+
+    def at_the_end() -> bool:
+        if full_steps() < max_steps:
+            return False
+        if not finish_with_every_node:
+            return True
+        if peer:
+            return bool(events and events[-1][3] and ft.nodes == nodes)
+        return ft.last_commit_nodes == nodes  # healed: alike on every node of the quorum
     try:
         while True:
+            # the peer's quorum is asynchronous (its step may move while it heals): the peer
+            # decides before it, as it evaluates after its commit (each process alone)
+            if peer and at_the_end():
+                break
             tick = time.time()
             ft.begin()
             if joined_at is None:
                 joined_at = timeline["first_quorum"] = time.time()
                 metrics.start_timing(None)
-                if peer:  # a process that came back evaluates from its return on
-                    peer_evaluations = int(full_steps() // eval_every)
-            if peer:
-                due = int(full_steps() // eval_every) > peer_evaluations
-                peer_evaluations = int(full_steps() // eval_every)
-            else:
-                due = ft.evaluation_due(eval_every)  # alike on every node of the quorum
-            # the steps committed up to the last quorum are evaluated at this one's start,
-            # where every node of the quorum holds them (a node that rolled back a step another
-            # committed has healed), so the nodes evaluate together
-            if due:
-                spent = time.time()
-                accuracy, loss_value = _evaluate(cfg, model, dataset, ft, peer)
-                metrics.record_eval(manager.current_step(), full_steps() / steps_per_epoch,
-                                    accuracy, loss_value)
-                metrics.curve[-1].update(full_steps=full_steps(), nodes=ft.nodes)
-                if metrics.stop_reason:
+            # thinwire's nodes evaluate the steps committed up to the last quorum at this
+            # one's start, where every node of the quorum holds them (a node that rolled back
+            # a step another committed has healed, and its count of evaluations with it), so
+            # they evaluate together and stop together
+            if not peer:
+                if ft.evaluation_due(eval_every):
+                    spent = time.time()
+                    if evaluated():
+                        break
+                    tick += time.time() - spent  # the evaluation is not the step's time
+                if at_the_end():
                     break
-                tick += time.time() - spent  # the evaluation is not the step's time
-            if full_steps() >= max_steps and (
-                    not finish_with_every_node or (events and events[-1][3]
-                                                        and events[-1][2] == nodes)):
-                break
             step = manager.current_step()
             if peer:
                 while len(batches) <= step:
@@ -231,9 +240,12 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
             if not done:
                 metrics.add_overhead(time.time() - tick)  # a rolled-back step: time, no step
                 continue
+            before = full_steps() - (1 if peer else 0)  # the peer: a step per step
             metrics.record_step(manager.current_step(), int(full_steps() // steps_per_epoch),
                                 time.time() - tick, loss.detach(),
                                 optimizer.param_groups[0]["lr"])
+            if peer and full_steps() // eval_every > before // eval_every and evaluated():
+                break
         job.set(DONE_KEY, str(manager.current_step()))  # a node back from now on has no job
         metrics.stop_timing(None, None, None)  # collective over the node's ranks
         reached = next((point for point in metrics.curve
