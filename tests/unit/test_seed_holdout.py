@@ -44,7 +44,10 @@ def test_a_table_of_one_seed_is_refused_by_name(tmp_path, monkeypatch):
     for row in plan["steps_table"]:
         row["steps_by_seed"] = {"0": row["steps_by_seed"]["0"]}
     monkeypatch.setattr("thinwire.sim.plan.make_plan", lambda *a, **k: plan)
-    args = argparse.Namespace(calibrate=["x.json"], steps_from=None, workload=None, nodes=None,
-                              ranks_per_node=None, inter_node_bandwidth="100mbit", json=None)
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text("{}")
+    args = argparse.Namespace(calibrate=[str(sweep)], calibrate_at=None, steps_from=None,
+                              workload=None, nodes=None, ranks_per_node=None,
+                              inter_node_bandwidth="100mbit", json=None)
     with pytest.raises(ValueError, match="--steps-from: fewer than two seeds"):
         seed_holdout.run(args)

@@ -1,7 +1,7 @@
 """``thinwire bench seed-holdout``: how often a choice made from steps measured at some seeds is
 right at a seed it did not see (issue 31: the error of the steps estimate, as a choice).
 
-    thinwire bench seed-holdout --calibrate SWEEP.json --steps-from S1.json S2.json ... \\
+    thinwire bench seed-holdout --calibrate SWEEP.json --steps-from SWEEP.json S1.json ... \\
         --inter-node-bandwidth 25mbit,100mbit,200mbit,1gbit,none --json OUT.json
 
 The plan's time to target is steps x step time, and the steps are measured once per workload at
@@ -26,7 +26,6 @@ import math
 import statistics
 
 from thinwire.bench.report import format_table, save_if_asked
-from thinwire.cliargs import integer
 
 WITHIN = 1.10  # a choice within 10% of the held-out seed's fastest counts as right
 
@@ -94,17 +93,19 @@ def summary(rows: list[dict]) -> list[dict]:
 
 def run(args) -> int:
     from thinwire.sim.plan import make_plan
-    from thinwire.sim.plan_cli import parse_rates
+    from thinwire.sim.plan_cli import check_plan_inputs, parse_rates
 
     rates = parse_rates([args.inter_node_bandwidth])
-    plan = make_plan(args.calibrate, args.calibrate + (args.steps_from or []), args.workload,
-                     args.nodes, args.ranks_per_node, rates, with_break_even=False)
+    check_plan_inputs(args)
+    plan = make_plan(args.calibrate, args.steps_from or args.calibrate, args.workload,
+                     args.nodes, args.ranks_per_node, rates, calibrate_at=args.calibrate_at,
+                     with_break_even=False)
     rows = holdout_rows(plan)
     if not rows:
         raise ValueError("--steps-from: fewer than two seeds measured for two candidates or "
                          "more; race the workload at other --seed values first")
     result = {"workload": plan["workload"], "rows": rows, "summary": summary(rows),
-              "calibrate": args.calibrate, "steps_from": args.steps_from or [],
+              "calibrate": args.calibrate, "steps_from": args.steps_from or args.calibrate,
               "rates": rates}
     print(format_table(rows, ["rate", "held_out_seed", "fastest", *(
         c for rule in RULES for c in (rule, f"{rule}_loss"))]))
@@ -116,20 +117,13 @@ def run(args) -> int:
 
 
 def register(bench_subparsers) -> None:
+    from thinwire.sim.plan_cli import add_plan_inputs
+
     parser = bench_subparsers.add_parser(
         "seed-holdout", help="how often a choice from some seeds' steps to target is right at "
                              "a seed left out (issue 31)")
-    parser.add_argument("--calibrate", nargs="+", required=True, metavar="RESULTS_JSON",
-                        help="thinwire compare results the cost model is fitted on")
-    parser.add_argument("--steps-from", nargs="*", default=None, metavar="RESULTS_JSON",
-                        help="more compare results of the same workload and shape, at other "
-                             "--seed values (the calibration's own steps count too)")
+    add_plan_inputs(parser)  # the same inputs as thinwire plan's
     parser.add_argument("--inter-node-bandwidth", required=True,
                         help="link rates, comma-separated (e.g. 25mbit,1gbit,none)")
-    parser.add_argument("--workload", default=None, help="default: the steps files' one")
-    parser.add_argument("--nodes", type=integer(1), default=None,
-                        help="the cluster's nodes (default: the calibration's)")
-    parser.add_argument("--ranks-per-node", type=integer(1), default=None,
-                        help="ranks per node (default: the calibration's)")
     parser.add_argument("--json", default=None, help="write the rows and summary here")
     parser.set_defaults(func=run)

@@ -27,19 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "plan", help="rank every candidate by predicted time to target on a described cluster",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--calibrate", nargs="+", required=True, metavar="RESULTS_JSON",
-                   help="measured runs the cost model is fitted on")
-    p.add_argument("--calibrate-at", default=None, metavar="RATE",
-                   help="fit on the runs at this link rate only (default: all)")
-    p.add_argument("--steps-from", nargs="+", default=None, metavar="RESULTS_JSON",
-                   help="thinwire compare results measuring steps to target (default: "
-                        "the --calibrate files)")
-    p.add_argument("--workload", default=None,
-                   help="the workload of the steps files to plan for (default: their only one)")
-    p.add_argument("--nodes", type=integer(1, costs.MAX_NODES), default=None,
-                   help="nodes of the cluster (default: the calibration's)")
-    p.add_argument("--ranks-per-node", type=integer(1, costs.MAX_RANKS_PER_NODE), default=None,
-                   help="ranks (GPUs) per node (default: the calibration's)")
+    add_plan_inputs(p)
     p.add_argument("--inter-node-bandwidth", nargs="+", required=True, metavar="RATE",
                    help="the cluster's inter-node rate(s), e.g. 100mbit 10gbit ('none': "
                         "unshaped); one ranking per rate")
@@ -117,11 +105,34 @@ def _print_check(check: dict) -> None:
               f"{predicted} ({'inside' if cross['predicted_between'] else 'OUTSIDE'})")
 
 
-def main(args) -> int:
-    check_output_path(args.json, "--json")  # before the work
+def add_plan_inputs(p: argparse.ArgumentParser) -> None:
+    """What a plan is made from (`thinwire plan`, `thinwire bench seed-holdout`): the
+    calibration, the steps files and the cluster's shape."""
+    p.add_argument("--calibrate", nargs="+", required=True, metavar="RESULTS_JSON",
+                   help="measured runs the cost model is fitted on")
+    p.add_argument("--calibrate-at", default=None, metavar="RATE",
+                   help="fit on the runs at this link rate only (default: all)")
+    p.add_argument("--steps-from", nargs="+", default=None, metavar="RESULTS_JSON",
+                   help="thinwire compare results measuring steps to target (default: "
+                        "the --calibrate files)")
+    p.add_argument("--workload", default=None,
+                   help="the workload of the steps files to plan for (default: their only one)")
+    p.add_argument("--nodes", type=integer(1, costs.MAX_NODES), default=None,
+                   help="nodes of the cluster (default: the calibration's)")
+    p.add_argument("--ranks-per-node", type=integer(1, costs.MAX_RANKS_PER_NODE), default=None,
+                   help="ranks (GPUs) per node (default: the calibration's)")
+
+
+def check_plan_inputs(args) -> None:
+    """Every input file exists (before the fit: a minute where it is large)."""
     for path in args.calibrate + (args.steps_from or []):
         if not Path(path).is_file():
             raise FileNotFoundError(f"plan input not found: {path}")
+
+
+def main(args) -> int:
+    check_output_path(args.json, "--json")  # before the work
+    check_plan_inputs(args)
     from thinwire.sim.plan import make_plan
 
     plan = make_plan(args.calibrate, args.steps_from or args.calibrate, args.workload,
