@@ -153,17 +153,16 @@ def node_shared(path: tuple) -> bool:
 def build_manager(*, lighthouse: str, node: int, local_rank: int, ranks_per_node: int,
                   store_addr: str, store_port: int, hostname: str, timeout: timedelta,
                   user_state, load_user_state, min_nodes: int = 1, node_group=None):
-    """The torchft Manager of one rank of node ``node`` (returned with its cross-node process
-    group and its checkpoint transport): a synchronous quorum, healing through the data-only transport, no ``init_sync``: every node
-    builds the same start from the same seed (:class:`FaultTolerantStep` checks it at the first
-    step), so the first quorum moves nothing over the links (torchft's init_sync sent every
-    node but the first the whole state: 6.6 s of a 4 x 1 start at 100 Mbit/s, counted in the
-    time to target where DDP's own start-up broadcast comes before training). With
-    ``node_group`` (the node's ranks' group) a
+    """The torchft Manager of one rank of node ``node``, with its cross-node process group and
+    its checkpoint transport: ``(manager, pg, transport)``; hand the transport to
+    :class:`FaultTolerantStep`, which opens its rounds. A synchronous quorum, healing through
+    the data-only transport, no ``init_sync``: every node builds the same start from the same
+    seed (:class:`FaultTolerantStep` checks it at the first step), so the first quorum moves
+    nothing over the links (torchft's init_sync sent every node but the first the whole state:
+    6.6 s of a 4 x 1 start at 100 Mbit/s, counted in the time to target where DDP's own
+    start-up broadcast comes before training). With ``node_group`` (the node's ranks' group) a
     joining node fetches its model, optimizer and schedule once, split across its ranks
-    (thinwire.ft.state_transfer); its ranks agree on that healing through the node's store.
-    Returns (manager, its cross-node group, the transport: hand it to
-    :class:`FaultTolerantStep`, which opens the transport's rounds)."""
+    (thinwire.ft.state_transfer); its ranks agree on that healing through the node's store."""
     import torch.distributed as dist
     from torchft import Manager, ProcessGroupGloo
 
