@@ -324,9 +324,7 @@ class FaultTolerantStep:
         not at its timeout (the step itself will not commit)."""
         if self.transport is not None:
             self.transport.round_failed()
-        abort = getattr(self.topology.inter, "abort", None)
-        if abort is not None:
-            abort()
+        self.topology.inter.abort()
 
     def _check_same_start(self) -> None:
         """Without torchft's init_sync the nodes must start alike: at the first step of the
