@@ -39,7 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from thinwire import collectives
 from thinwire.state import SyncState
-from thinwire.topology import Topology, ranks_per_node_of
+from thinwire.topology import Topology
 
 
 def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None, *,
@@ -60,7 +60,8 @@ def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None
     leaders probe the link and the fastest candidate of the plan at the probed rate that a
     thinwire hook runs is registered (:mod:`thinwire.plan_choice`); the state's ``auto`` holds
     the probe, the choice and why. The plan chooses density, selector, sparse_wire and wire;
-    any other setting is the caller's.
+    any other setting is the caller's. :func:`replan` probes again between steps and switches
+    where the link changed.
 
     A failure in the hook reaches ``loss.backward()`` on this rank with its original message
     (DDP's C++ side re-raises it as a RuntimeError; ``thinwire.synchronize`` keeps the type).
@@ -84,71 +85,53 @@ def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None
         raise ValueError(f"plan= is for algorithm='auto', got algorithm={algorithm!r}")
     if topology is not None and not isinstance(topology, Topology):
         raise TypeError(f"topology must be a thinwire Topology, got {type(topology).__name__}")
-    chosen = None
+    auto = None
     if algorithm == "auto":
-        state, chosen, topology = _auto_state(ddp_model, plan, topology, ranks_per_node,
-                                              timeout, settings)
+        from thinwire import ddp_auto
+
+        state, auto, topology = ddp_auto.auto_state(ddp_model, plan, topology, ranks_per_node,
+                                                    timeout, settings)
     elif state is None:
         # A bad setting fails here, before any collective call.
         state = SyncState(None, algorithm if algorithm is not None else "hitopk", **settings)
     state.attach(topology or Topology.shared(ranks_per_node, timeout))
-    if chosen is not None:
-        state.auto = chosen
-    context = _HookContext(state, ddp_model.module)
+    context = _HookContext(state, ddp_model.module, auto)
     ddp_model.register_comm_hook(context, _hook)
     ddp_model._thinwire_state = state
+    ddp_model._thinwire_context = context
     _MODELS.add(ddp_model)
     return state
 
 
-def _auto_state(ddp_model, plan, topology, ranks_per_node, timeout, settings):
-    """algorithm="auto": (the chosen state, the record, the topology). The plan and the
-    caller's settings are checked on every rank before the probe, and a rank whose check
-    failed ends every rank (its own error there, a note naming it elsewhere): none waits."""
-    from thinwire import link_probe, plan_choice
+def replan(ddp_model: DistributedDataParallel, *, share: float = 0.3,
+           min_gain: Optional[float] = None) -> dict:
+    """For a model registered with ``algorithm="auto"``: probe the link again and, where its
+    goodput moved by more than ``share`` since the current choice was planned and the plan's
+    best at the new rate promises at least ``min_gain`` (default
+    ``thinwire.plan_choice.SWITCH_MIN_GAIN``) over the current choice, switch the
+    hook to it (:mod:`thinwire.ddp_auto`). Collective: every rank calls it between the same
+    two steps (after ``optimizer.step()``, before the next forward). A switch flushes the
+    residuals densely into the next step's gradient. Returns the check's record; the state
+    to checkpoint afterwards is :func:`state_of` ``(ddp_model)`` (a new one after a switch)."""
+    from thinwire import ddp_auto
 
-    if plan is None:
-        raise ValueError("algorithm='auto' needs plan= (thinwire plan --json PATH's file, or "
-                         "its dict)")
-    shape = _world_and_ranks_per_node(topology, ranks_per_node)
-    device = link_probe.probe_device(next(ddp_model.module.parameters(), torch.empty(0)).device)
-
-    def fits(algorithm: str, chosen: dict) -> str | None:
-        try:
-            SyncState(None, algorithm, **chosen, **settings)
-        except (TypeError, ValueError) as exc:
-            return str(exc)
-        return None
-    error, checked = None, None
-    try:
-        checked = plan_choice.load(plan)
-        # a bad value, or one that suits no algorithm (a sparse-only setting suits the sparse
-        # candidates alone: the choice keeps to them)
-        why = [fits(name, {}) for name in ("hitopk", "allreduce")]
-        if all(why):
-            raise ValueError(f"algorithm='auto': these settings suit neither hitopk nor "
-                             f"allreduce: {why[0]}")
-        plan_choice.check(checked, *shape, settings)
-    except ValueError as exc:
-        error = exc
-    plan_choice.agree(error, device, "checking its plan and settings")
-    topology = topology or Topology.shared(ranks_per_node, timeout)
-    # the probe's collectives wait as long as the hook's would (PyTorch's default where unset)
-    timeout_s = topology.timeout.total_seconds() if topology.timeout else 1800.0
-    algorithm, chosen, record = plan_choice.resolve(checked, topology.ranks_per_node,
-                                                    timeout_s, fits, device)
-    return SyncState(None, algorithm, **chosen, **settings), record, topology
+    if min_gain is None:
+        min_gain = ddp_auto.plan_choice.SWITCH_MIN_GAIN
+    event = ddp_auto.replan(ddp_model, _context_of(ddp_model), share, min_gain)
+    ddp_model._thinwire_state = _context_of(ddp_model).state
+    return event
 
 
-def _world_and_ranks_per_node(topology, ranks_per_node) -> tuple[int, int]:
-    """The cluster's shape before any group is built (a bad plan fails before a collective)."""
-    if topology is not None:
-        return topology.world_size, topology.ranks_per_node
-    if not dist.is_initialized():
-        raise RuntimeError("algorithm='auto' needs torch.distributed initialised "
-                           "(init_process_group) before thinwire.ddp.register")
-    world = dist.get_world_size()
-    return world, ranks_per_node_of(ranks_per_node, world)
+def state_of(ddp_model: DistributedDataParallel) -> SyncState:
+    """The SyncState the thinwire hook on ``ddp_model`` runs now."""
+    return _context_of(ddp_model).state
+
+
+def _context_of(ddp_model) -> "_HookContext":
+    context = getattr(ddp_model, "_thinwire_context", None)
+    if context is None:
+        raise ValueError("this model has no thinwire hook (thinwire.ddp.register)")
+    return context
 
 
 def flush_residuals(ddp_model: DistributedDataParallel):
@@ -186,11 +169,29 @@ def _release_reducers() -> None:
 
 
 class _HookContext:
-    """What the hook needs besides the SyncState: the model order of DDP's parameters."""
+    """What the hook needs besides the SyncState: the model order of DDP's parameters, and
+    for ``algorithm="auto"`` what re-planning keeps (a switch replaces ``state`` between
+    steps; its flushed residuals wait in ``pending`` for the next step's buckets)."""
 
-    def __init__(self, state: SyncState, module: torch.nn.Module):
+    def __init__(self, state: SyncState, module: torch.nn.Module, auto=None):
         self.state = state
-        self.param_index = {id(p): i for i, p in enumerate(module.parameters())}
+        self.params = list(module.parameters())
+        self.param_index = {id(p): i for i, p in enumerate(self.params)}
+        self.auto = auto  # thinwire.ddp_auto.AutoContext, or None
+        self.pending: dict[int, torch.Tensor] = {}  # model index -> flushed residual
+
+    def switch_to(self, state: SyncState, flushed: list | None) -> None:
+        self.state = state
+        self.pending = {i: t for i, t in enumerate(flushed or []) if t is not None}
+
+    def take_pending(self, layout: "_Layout", is_last: bool) -> list | None:
+        """The flushed residuals of this bucket's parameters (DDP's order), once."""
+        if not self.pending:
+            return None
+        extras = [self.pending.pop(i, None) for i in layout.model_index]
+        if is_last:  # a parameter in no bucket of this step (frozen) gets none later either
+            self.pending = {}
+        return extras
 
 
 # One worker thread per process, shared by every registered model, started on first use and
@@ -249,8 +250,20 @@ class _Layout:
         return out
 
 
+def _add_extras(result: torch.Tensor, layout: _Layout, extras: list) -> None:
+    """A switch's flushed residuals added to the synchronised bucket (DDP's order)."""
+    if sum(layout.sizes) != result.numel():
+        raise RuntimeError(f"thinwire: a bucket of {result.numel()} entries does not hold its "
+                           f"{len(layout.sizes)} parameters contiguously; the flush cannot be "
+                           "added")
+    for i, extra in enumerate(extras):
+        if extra is not None:
+            start = layout.starts[i]
+            result[start:start + layout.sizes[i]].add_(extra.reshape(-1).to(result.dtype))
+
+
 def _reduce_bucket(state: SyncState, index: int, buffer: torch.Tensor, layout: _Layout,
-                   is_last: bool) -> torch.Tensor:
+                   is_last: bool, extras: list | None = None) -> torch.Tensor:
     state.add_weight_decay(buffer, layout.params)  # in DDP's order, before any reordering
     # A sparse algorithm's selection, shards and residuals depend on the order of the entries:
     # canonical (model) order, the same before and after DDP's rebuild and in synchronize().
@@ -260,6 +273,8 @@ def _reduce_bucket(state: SyncState, index: int, buffer: torch.Tensor, layout: _
             state.reduce(index, layout.to_canonical(buffer), layout.signature), out=buffer)
     else:
         result = state.reduce(index, buffer, layout.signature)
+    if extras:
+        _add_extras(result, layout, extras)
     if is_last:
         state.end_step()
     return result
@@ -278,7 +293,8 @@ def _hook(context: _HookContext, bucket) -> torch.futures.Future[torch.Tensor]:
         future: torch.futures.Future = torch.futures.Future(devices=[buffer.device])
     else:
         future = torch.futures.Future()
-    _worker().put((context.state, index, buffer, layout, is_last, future, cuda))
+    extras = context.take_pending(layout, is_last)
+    _worker().put((context.state, index, buffer, layout, is_last, future, cuda, extras))
     # torch.futures.Future.set_exception stores the exception as the *value*, which DDP's C++
     # side then fails to cast ("Unable to cast ... to Tensor"). A callback that re-raises it
     # marks the chained future failed in C++, and backward() re-raises the original exception.
@@ -309,7 +325,7 @@ def _on_side_stream(cuda, buffer: torch.Tensor):
 def _work(jobs: queue.Queue) -> None:
     failed: dict = {}  # SyncState id -> the exception that failed its current step
     while True:
-        state, index, buffer, layout, is_last, future, cuda = jobs.get()
+        state, index, buffer, layout, is_last, future, cuda, extras = jobs.get()
         earlier = failed.get(id(state))
         if earlier is not None:  # the rest of a failed step is not sent: peers may be gone
             future.set_exception(RuntimeError(
@@ -320,7 +336,7 @@ def _work(jobs: queue.Queue) -> None:
                 # set_result inside the context: a CUDA-aware future records its completion
                 # event on the current stream, the side stream that did the work
                 with _on_side_stream(cuda, buffer):
-                    result = _reduce_bucket(state, index, buffer, layout, is_last)
+                    result = _reduce_bucket(state, index, buffer, layout, is_last, extras)
                     if cuda is not None:
                         result.record_stream(cuda[1])  # DDP reads it on backward's stream
                     future.set_result(result)
@@ -331,4 +347,4 @@ def _work(jobs: queue.Queue) -> None:
             if failed.pop(id(state), None) is not None:
                 state.abandon_step()
         # hold nothing of a model while waiting for the next bucket
-        state = buffer = layout = future = cuda = result = None
+        state = buffer = layout = future = cuda = result = extras = None

@@ -170,6 +170,44 @@ def choose(plan: dict, goodput_Bps: float, fits=None) -> tuple[str, dict, dict]:
                      f"{[u['why'] for u in unsuited][:2] or 'none'})")
 
 
+# A switch costs a flush (one dense step's bytes) and the new method's first steps: it must
+# promise at least this much (the new choice's predicted time to target against the current
+# one's, both at the new rate). Without it, on MNIST at 1 Gbit/s a run switched back from hitopk
+# to ddp-fp16 for a predicted 3%.
+SWITCH_MIN_GAIN = 0.1
+# a re-check's two all-reduce sizes (bytes), timed once each: about half a second at 25 Mbit/s
+RECHECK_BYTES = (256 << 10, 1 << 20)
+
+
+def decide_switch(plan: dict, current: str, basis_Bps: float, probe: dict, share: float,
+                  min_gain: float = SWITCH_MIN_GAIN, fits=None) -> tuple[dict, tuple | None]:
+    """A re-check of the link, decided: (the event, ``(algorithm, settings, record)`` of the
+    choice to switch to, or None to keep ``current``). ``basis_Bps``: the goodput the current
+    choice was made at; ``probe``: the new probe (:func:`thinwire.link_probe.probe_inter_node`'s
+    dict). Keeps the current choice where the probe measured the host, not the link (no
+    evidence), where the goodput moved by no more than ``share``, where the plan's best at the
+    new rate is the current one, and where the best promises less than ``min_gain`` over the
+    current at that rate."""
+    goodput = probe["goodput_Bps"]
+    event = {"goodput_Bps": goodput, "change": goodput / basis_Bps - 1}
+    if not probe.get("trusted", True):
+        return dict(event, kept=current, bound_by=probe.get("bound_by"),
+                    reason=f"probe not trusted: {probe.get('why')}"), None
+    if abs(event["change"]) <= share:
+        return dict(event, kept=current), None
+    algorithm, settings, record = choose(plan, goodput, fits)
+    event["planned_at_bps"] = record["planned_at_bps"]
+    if record["choice"] == current:
+        return dict(event, kept=current), None
+    now = predicted(plan, record["planned_at_bps"]).get(current)
+    if now is not None:
+        event["predicted_gain"] = now / record["predicted_time_to_target_s"] - 1
+        if event["predicted_gain"] < min_gain:
+            return dict(event, kept=current, best=record["choice"]), None
+    return dict(event, switched_from=current, switched_to=record["choice"]), \
+        (algorithm, settings, record)
+
+
 def agree(error: Exception | None, device, what: str, digest: int = 0) -> None:
     """Every rank ends alike (collective on the default group): where any rank's ``error`` is
     set, that rank raises it and every other rank a ValueError saying another rank failed at

@@ -54,3 +54,46 @@ def train_auto(rank, world, results_path):
                                  "max_iters": 2, "compute_probe_iters": 2}).run_config("auto")
     summary = loop.train(cfg)
     return summary.get("auto") if rank == 0 else None
+
+
+def register_then_replan(rank, world, plan, goodputs_Bps):
+    """register(..., "auto") and three steps of a linear model, with ``thinwire.ddp.replan``
+    after the first and the second; the link's goodput is scripted (``goodputs_Bps``: the
+    registration's probe, then each re-check's)."""
+    import copy
+
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import thinwire.ddp
+    from thinwire import link_probe
+
+    scripted = iter(goodputs_Bps)
+
+    def probe(*args, **kwargs):
+        return {"nodes": world, "goodput_Bps": next(scripted), "trusted": True,
+                "bound_by": "link", "why": "scripted"}
+    link_probe.probe_inter_node = probe  # this rank's process only
+
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(64, 16))
+    # dense_below_bytes=0: this small bucket is compressed (by default it would go dense)
+    first = thinwire.ddp.register(model, "auto", plan=plan, ranks_per_node=1,
+                                  dense_below_bytes=0)
+    torch.manual_seed(1 + rank)
+    own, synced, events, algorithms = [], [], [], [first.algorithm]
+    for step in range(3):
+        x = torch.randn(32, 64)
+        alone = copy.deepcopy(model.module)  # this rank's own gradient, for the reference
+        alone(x).square().sum().backward()
+        own.append(torch.cat([alone.weight.grad.reshape(-1), alone.bias.grad]))
+        model(x).square().sum().backward()
+        synced.append(torch.cat([model.module.weight.grad.reshape(-1),
+                                 model.module.bias.grad]))
+        model.module.zero_grad(set_to_none=True)
+        if step < 2:
+            events.append(thinwire.ddp.replan(model))
+            algorithms.append(thinwire.ddp.state_of(model).algorithm)
+    now = thinwire.ddp.state_of(model)
+    return {"own": torch.stack(own), "synced": torch.stack(synced), "events": events,
+            "algorithms": algorithms, "steps": now.steps, "auto": now.auto}

@@ -46,3 +46,31 @@ def test_a_plan_one_rank_cannot_read_ends_every_rank_without_a_wait(tmp_path):
     results = run_ranks(auto_workers.register_auto, 2, [plan_of(), str(tmp_path / "no.json")])
     assert "another rank failed at checking its plan" in results[0].get("error", ""), results
     assert "not a readable JSON plan" in results[1].get("error", ""), results
+
+
+def test_replan_switches_hitopk_to_the_all_reduce_and_delivers_the_residuals():
+    plan = plan_of()
+    for at in plan["plans"]:  # the dense candidate sends fp32: the reference is exact
+        for row in at["rows"]:
+            if row["algorithm"] == "ddp-fp16":
+                row.update(candidate="ddp", algorithm="ddp")
+    # registered at 25 Mbit/s nominal (hitopk); +12% (kept); then 1 Gbit/s nominal (ddp)
+    goodputs = [12.5e6 / 8, 14e6 / 8, 500e6 / 8]
+    results = run_ranks(auto_workers.register_then_replan, 2, plan, goodputs)
+    for r in results:
+        assert r["algorithms"] == ["hitopk", "hitopk", "allreduce"]
+        kept, switched = r["events"]
+        assert kept["kept"] == "hitopk d=0.05" and kept["step"] == 1
+        assert switched["switched_to"] == "ddp" and switched["step"] == 2
+        assert r["steps"] == 3  # the new state goes on counting
+        assert r["auto"]["flushed"]["buckets"] >= 1 and r["auto"]["choice"] == "ddp"
+        assert [c["step"] for c in r["auto"]["replanning"]["checks"]] == [1, 2]
+    # conservation: what the three steps delivered is the ranks' dense average of their own
+    # gradients (hitopk held some back at steps 1-2; the switch flushed it into step 3)
+    delivered = results[0]["synced"].sum(0)
+    expected = (results[0]["own"].sum(0) + results[1]["own"].sum(0)) / 2
+    torch.testing.assert_close(delivered, expected, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(results[0]["synced"][:2].sum(0),
+                              (results[0]["own"][:2].sum(0) + results[1]["own"][:2].sum(0)) / 2,
+                              rtol=1e-3, atol=1e-3)  # hitopk did hold mass back
+    torch.testing.assert_close(results[0]["synced"], results[1]["synced"])

@@ -132,3 +132,49 @@ def test_a_candidate_the_callers_settings_do_not_suit_is_passed_over_and_named()
         {"candidate": "ddp-fp16", "time_to_target_s": 4.0, "why": "allreduce is dense"}]
     with pytest.raises(ValueError, match="not for these settings"):
         plan_choice.choose(plan_of(), 500e6 / 8, fits=lambda a, s: "never")
+
+
+def _probe(goodput_Bps, trusted=True):
+    return {"goodput_Bps": goodput_Bps, "trusted": trusted,
+            "bound_by": "link" if trusted else "host", "why": "test"}
+
+
+def test_a_re_check_switches_where_the_link_moved_and_the_plan_says_so():
+    # planned at 25 Mbit/s nominal (hitopk); the link is now 1 Gbit/s nominal: ddp-fp16, 2x
+    event, switch = plan_choice.decide_switch(plan_of(), "hitopk d=0.05", 12.5e6 / 8,
+                                              _probe(500e6 / 8), share=0.3)
+    assert switch[:2] == ("allreduce", {"wire": "fp16"})
+    assert event["switched_to"] == "ddp-fp16" and event["predicted_gain"] == pytest.approx(1.0)
+    assert event["change"] == pytest.approx(39.0)
+
+
+@pytest.mark.parametrize("goodput_mbit, trusted, share, min_gain, why", [
+    (15.0, True, 0.3, 0.1, "inside the share"),       # +20%: no new plan
+    (500.0, False, 0.3, 0.1, "probe not trusted"),    # the host set the probe's pace
+    (500.0, True, 0.3, 1.5, "gain below min_gain"),   # ddp-fp16 promises 2x, not 2.5x
+    (50.0, True, 0.3, 0.1, "best is the current"),    # 100 Mbit/s: hitopk still the best hook
+])
+def test_a_re_check_keeps_the_choice_without_evidence_or_gain(goodput_mbit, trusted, share,
+                                                               min_gain, why):
+    event, switch = plan_choice.decide_switch(plan_of(), "hitopk d=0.05", 12.5e6 / 8,
+                                              _probe(goodput_mbit * 1e6 / 8, trusted), share,
+                                              min_gain)
+    assert switch is None and event["kept"] == "hitopk d=0.05", why
+    assert ("reason" in event) == (not trusted)
+    assert ("planned_at_bps" in event) == (trusted and why != "inside the share")
+
+
+def test_replan_refuses_a_model_not_registered_for_auto_and_a_bad_share(world_of_one):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import thinwire.ddp
+
+    model = DDP(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="no thinwire hook"):
+        thinwire.ddp.replan(model)
+    thinwire.ddp.register(model, "allreduce")
+    with pytest.raises(ValueError, match="share must be a finite number >= 0, got -0.1"):
+        thinwire.ddp.replan(model, share=-0.1)
+    with pytest.raises(ValueError, match="is for a model registered with algorithm='auto'"):
+        thinwire.ddp.replan(model)

@@ -35,17 +35,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from thinwire import link_probe
+from thinwire.plan_choice import RECHECK_BYTES, SWITCH_MIN_GAIN
 from thinwire.train import auto, grad_sync, modes
 
 log = logging.getLogger(__name__)
 
-RECHECK_BYTES = (256 << 10, 1 << 20)
 RECHECK_REPEATS = 1
-# A switch costs a flush, a new DDP wrapper and the new method's first steps: it must promise
-# at least this much (the new choice's predicted time to target against the current one's, both
-# at the new rate). Without it, on MNIST at 1 Gbit/s the run switched back from hitopk to
-# ddp-fp16 for a predicted 3%.
-SWITCH_MIN_GAIN = 0.1
 
 
 class Replanner:

@@ -1,0 +1,177 @@
+"""``algorithm="auto"`` for :func:`thinwire.ddp.register`: the hook's settings chosen from a plan
+at registration, and chosen again while the script trains (:func:`replan`).
+
+Registration (:func:`auto_state`): the plan and the caller's settings are checked on every rank
+before anything is probed; the node leaders probe the link and every rank registers the plan's
+fastest candidate a thinwire hook runs at that rate (:mod:`thinwire.plan_choice`).
+
+Re-planning (:func:`replan`, collective, between steps): the leaders probe the link again with
+two small all-reduces (``plan_choice.RECHECK_BYTES``: about half a second at 25 Mbit/s), and
+where the goodput moved by more than ``share`` since the current choice was made, the plan is
+read at the new rate (:func:`thinwire.plan_choice.decide_switch`). A switch replaces the hook's
+SyncState between steps; DDP keeps its one hook and its buckets. What a sparse algorithm held
+back (its residuals mean its own buckets' coordinates) is flushed densely, every rank's residual
+averaged in one all-reduce, and added once to the next step's synchronised gradient, so the
+mass is delivered, not dropped (the same rule as ``thinwire train``'s re-planning; tested:
+the two steps' gradients add up to the ranks' dense average). The new state continues the old
+one's step count (a warm-up or ``dense_iterations`` is not run again). A re-check whose probe
+measured the host rather than the link keeps the choice and says why; so does one whose plan
+has no candidate at the new rate: training never stops for a re-check.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import zlib
+
+import torch
+import torch.distributed as dist
+
+from thinwire import link_probe, plan_choice
+from thinwire.state import SyncState
+from thinwire.topology import Topology, ranks_per_node_of
+
+log = logging.getLogger(__name__)
+
+
+class AutoContext:
+    """What a model registered with ``algorithm="auto"`` keeps for :func:`replan`."""
+
+    def __init__(self, plan: dict, settings: dict, basis_Bps: float, device: torch.device):
+        self.plan = plan  # checked (plan_choice.load and check)
+        self.settings = dict(settings)  # the caller's, kept through every switch
+        self.basis_Bps = basis_Bps  # the goodput the current choice was planned at
+        self.device = device
+        self.leaders = None  # the node leaders' group, made at the first re-check and kept
+        self.checks: list[dict] = []  # every re-check, for the state's record
+        self.switches = 0
+
+    def fits(self, algorithm: str, chosen: dict) -> str | None:
+        """None where the caller's settings suit ``algorithm`` with ``chosen``, else why not."""
+        try:
+            SyncState(None, algorithm, **chosen, **self.settings)
+        except (TypeError, ValueError) as exc:
+            return str(exc)
+        return None
+
+
+def auto_state(ddp_model, plan, topology, ranks_per_node, timeout, settings):
+    """(the chosen state, its AutoContext, the topology). A rank whose check failed ends every
+    rank (its own error there, a note naming it elsewhere): none waits."""
+    if plan is None:
+        raise ValueError("algorithm='auto' needs plan= (thinwire plan --json PATH's file, or "
+                         "its dict)")
+    shape = _world_and_ranks_per_node(topology, ranks_per_node)
+    device = link_probe.probe_device(next(ddp_model.module.parameters(), torch.empty(0)).device)
+    error, checked = None, None
+    try:
+        checked = plan_choice.load(plan)
+        auto = AutoContext(checked, settings, 0.0, device)
+        # a bad value, or one that suits no algorithm (a sparse-only setting suits the sparse
+        # candidates alone: the choice keeps to them)
+        why = [auto.fits(name, {}) for name in ("hitopk", "allreduce")]
+        if all(why):
+            raise ValueError(f"algorithm='auto': these settings suit neither hitopk nor "
+                             f"allreduce: {why[0]}")
+        plan_choice.check(checked, *shape, settings)
+    except ValueError as exc:
+        error = exc
+    plan_choice.agree(error, device, "checking its plan and settings")
+    topology = topology or Topology.shared(ranks_per_node, timeout)
+    algorithm, chosen, record = plan_choice.resolve(checked, topology.ranks_per_node,
+                                                    _timeout_s(topology), auto.fits, device)
+    auto.basis_Bps = record["probe"]["goodput_Bps"]
+    state = SyncState(None, algorithm, **chosen, **settings)
+    state.auto = record
+    return state, auto, topology
+
+
+def _timeout_s(topology: Topology) -> float:
+    # the probe's collectives wait as long as the hook's would (PyTorch's default where unset)
+    return topology.timeout.total_seconds() if topology.timeout else 1800.0
+
+
+def _world_and_ranks_per_node(topology, ranks_per_node) -> tuple[int, int]:
+    """The cluster's shape before any group is built (a bad plan fails before a collective)."""
+    if topology is not None:
+        return topology.world_size, topology.ranks_per_node
+    if not dist.is_initialized():
+        raise RuntimeError("algorithm='auto' needs torch.distributed initialised "
+                           "(init_process_group) before thinwire.ddp.register")
+    world = dist.get_world_size()
+    return world, ranks_per_node_of(ranks_per_node, world)
+
+
+def _check_share(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def replan(ddp_model, context, share: float = 0.3,
+           min_gain: float = plan_choice.SWITCH_MIN_GAIN) -> dict:
+    """Probe the link again and switch the hook where the plan says so (collective: every rank
+    calls it between the same two steps). Returns the re-check's event (also appended to the
+    state's ``auto["replanning"]["checks"]``); the registered state afterwards is
+    ``context.state`` (a new SyncState where it switched)."""
+    share, min_gain = _check_share("share", share), _check_share("min_gain", min_gain)
+    auto: AutoContext | None = getattr(context, "auto", None)
+    if auto is None:
+        raise ValueError("thinwire.ddp.replan is for a model registered with algorithm='auto' "
+                         "(thinwire.ddp.register(model, 'auto', plan=...))")
+    state = context.state
+    topology = state.topology
+    began = time.perf_counter()
+    if auto.leaders is None:
+        auto.leaders = link_probe.node_leaders_group(topology.ranks_per_node,
+                                                     _timeout_s(topology))
+        leaders, group = auto.leaders
+        if dist.get_rank() in leaders:  # its connections open outside the timing
+            dist.all_reduce(torch.ones(1024, device=auto.device), group=group)
+    current = state.auto["choice"]
+    switch = None
+    try:
+        probe = link_probe.probe_inter_node(topology.ranks_per_node, _timeout_s(topology),
+                                            plan_choice.RECHECK_BYTES, 1, auto.leaders,
+                                            auto.device)
+    except ValueError as exc:  # a probe swamped by noise (alike on every rank): no evidence
+        event = {"kept": current, "reason": str(exc)}
+    else:
+        try:
+            event, switch = plan_choice.decide_switch(auto.plan, current, auto.basis_Bps,
+                                                      probe, share, min_gain, auto.fits)
+        except ValueError as exc:  # no candidate at the new rate: training goes on as it is
+            event = {"goodput_Bps": probe["goodput_Bps"], "kept": current, "reason": str(exc)}
+        if "planned_at_bps" in event:
+            auto.basis_Bps = probe["goodput_Bps"]
+    decided = json.dumps(switch[:2] if switch else event.get("kept"), sort_keys=True)
+    plan_choice.agree(None, auto.device, "re-planning", zlib.crc32(decided.encode()))
+    event = dict(event, step=state.steps, probe_s=time.perf_counter() - began)
+    if switch is not None:
+        _switch(context, auto, probe, *switch)
+        log.info("auto: the link moved %+.0f%%; switched from %s to %s at step %d",
+                 100 * event["change"], current, event["switched_to"], event["step"])
+    auto.checks.append(event)
+    context.state.auto["replanning"] = {"share": share, "min_gain": min_gain,
+                                        "checks": auto.checks, "switches": auto.switches}
+    return event
+
+
+def _switch(context, auto: AutoContext, probe: dict, algorithm: str, settings: dict,
+            record: dict) -> None:
+    """Flush the current state's residuals (collective) and register the new state; the
+    flush is added to the next step's synchronised gradient (the hook's pending)."""
+    from thinwire.sync import flush_indexed
+
+    old = context.state
+    new = SyncState(None, algorithm, **settings, **auto.settings)  # checked by fits: no raise
+    flushed, mass = flush_indexed(context.params, old)
+    new.attach(old.topology)
+    new.steps = old.steps
+    new.auto = dict(record, probe=probe, flushed=mass)
+    context.switch_to(new, flushed)
+    auto.switches += 1
