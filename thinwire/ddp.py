@@ -144,7 +144,15 @@ def flush_residuals(ddp_model: DistributedDataParallel):
     if state is None:
         raise ValueError("this model has no thinwire hook (thinwire.ddp.register) to flush")
     # the hook's layouts index module.parameters(), every one (see _HookContext)
-    return flush_indexed(list(ddp_model.module.parameters()), state)
+    flushed, mass = flush_indexed(list(ddp_model.module.parameters()), state)
+    context = getattr(ddp_model, "_thinwire_context", None)
+    if context is not None and context.pending:  # a switch's flush not yet delivered
+        owed, context.pending = context.pending, {}
+        flushed = flushed or [None] * len(context.params)
+        for i, tensor in owed.items():
+            flushed[i] = tensor if flushed[i] is None else flushed[i] + tensor
+        mass = dict(mass, owed_from_a_switch=len(owed))
+    return flushed, mass
 
 
 # A registered DDP model's C++ reducer holds the Python hook and its state. Destroyed during
@@ -181,8 +189,13 @@ class _HookContext:
         self.pending: dict[int, torch.Tensor] = {}  # model index -> flushed residual
 
     def switch_to(self, state: SyncState, flushed: list | None) -> None:
+        """``state`` runs from the next step; ``flushed`` (per model parameter) is owed to it,
+        on top of anything still owed from an earlier switch with no step between."""
         self.state = state
-        self.pending = {i: t for i, t in enumerate(flushed or []) if t is not None}
+        for i, tensor in enumerate(flushed or []):
+            if tensor is not None:
+                owed = self.pending.get(i)
+                self.pending[i] = tensor if owed is None else owed + tensor
 
     def take_pending(self, layout: "_Layout", is_last: bool) -> list | None:
         """The flushed residuals of this bucket's parameters (DDP's order), once."""
@@ -258,6 +271,8 @@ def _add_extras(result: torch.Tensor, layout: _Layout, extras: list) -> None:
                            "added")
     for i, extra in enumerate(extras):
         if extra is not None:
+            if extra.is_cuda:  # read on this (side) stream: not reused before it has passed
+                extra.record_stream(torch.cuda.current_stream(extra.device))
             start = layout.starts[i]
             result[start:start + layout.sizes[i]].add_(extra.reshape(-1).to(result.dtype))
 

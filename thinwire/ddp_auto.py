@@ -14,7 +14,16 @@ back (its residuals mean its own buckets' coordinates) is flushed densely, every
 averaged in one all-reduce, and added once to the next step's synchronised gradient, so the
 mass is delivered, not dropped (the same rule as ``thinwire train``'s re-planning; tested:
 the two steps' gradients add up to the ranks' dense average). The new state continues the old
-one's step count (a warm-up or ``dense_iterations`` is not run again). A re-check whose probe
+one's step count (a warm-up or ``dense_iterations`` is not run again); its traffic totals and
+momentum correction's velocities start anew. Until the next step's backward the flush is owed
+by the hook, not held by a state: :func:`thinwire.ddp.flush_residuals` returns it with the
+state's own, but a checkpoint of the state taken between a switch and the next step lacks it
+(checkpoint before ``replan``, or after the next step). The flush is added to whatever that
+step's buckets carry: a step the caller then skips (a GradScaler's overflow, ``nonfinite=
+"skip"``) drops it, a loss scale changed between the two steps scales it, and with
+``find_unused_parameters=True`` a parameter that step did not use gets none of it. A run resumed
+from a checkpoint (``register(model, state=saved)``) trains with the saved choice and is not
+re-planned. A re-check whose probe
 measured the host rather than the link keeps the choice and says why; so does one whose plan
 has no candidate at the new rate: training never stops for a re-check.
 """
@@ -170,6 +179,10 @@ def _switch(context, auto: AutoContext, probe: dict, algorithm: str, settings: d
     old = context.state
     new = SyncState(None, algorithm, **settings, **auto.settings)  # checked by fits: no raise
     flushed, mass = flush_indexed(context.params, old)
+    if flushed is not None and flushed[0].is_cuda:
+        # the worker adds the flush on its side stream, which waits only for backward's
+        # stream: the all-reduce that made it may have run on another (a user's) stream
+        torch.cuda.current_stream(flushed[0].device).synchronize()
     new.attach(old.topology)
     new.steps = old.steps
     new.auto = dict(record, probe=probe, flushed=mass)

@@ -200,7 +200,9 @@ def decide_switch(plan: dict, current: str, basis_Bps: float, probe: dict, share
     if record["choice"] == current:
         return dict(event, kept=current), None
     now = predicted(plan, record["planned_at_bps"]).get(current)
-    if now is not None:
+    if now is None:  # no gain to weigh: the current choice misses the target at the new rate
+        event["reason"] = f"{current} has no time to target at the new rate"
+    else:
         event["predicted_gain"] = now / record["predicted_time_to_target_s"] - 1
         if event["predicted_gain"] < min_gain:
             return dict(event, kept=current, best=record["choice"]), None

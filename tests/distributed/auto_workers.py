@@ -57,7 +57,7 @@ def train_auto(rank, world, results_path):
 
 
 def register_then_replan(rank, world, plan, goodputs_Bps):
-    """register(..., "auto") and three steps of a linear model, with ``thinwire.ddp.replan``
+    """register(..., "auto") and four steps of a linear model, with ``thinwire.ddp.replan``
     after the first and the second; the link's goodput is scripted (``goodputs_Bps``: the
     registration's probe, then each re-check's)."""
     import copy
@@ -82,7 +82,7 @@ def register_then_replan(rank, world, plan, goodputs_Bps):
                                   dense_below_bytes=0)
     torch.manual_seed(1 + rank)
     own, synced, events, algorithms = [], [], [], [first.algorithm]
-    for step in range(3):
+    for step in range(4):
         x = torch.randn(32, 64)
         alone = copy.deepcopy(model.module)  # this rank's own gradient, for the reference
         alone(x).square().sum().backward()
@@ -95,5 +95,7 @@ def register_then_replan(rank, world, plan, goodputs_Bps):
             events.append(thinwire.ddp.replan(model))
             algorithms.append(thinwire.ddp.state_of(model).algorithm)
     now = thinwire.ddp.state_of(model)
+    flushed, _ = thinwire.ddp.flush_residuals(model)  # the all-reduce holds none back
     return {"own": torch.stack(own), "synced": torch.stack(synced), "events": events,
-            "algorithms": algorithms, "steps": now.steps, "auto": now.auto}
+            "algorithms": algorithms, "steps": now.steps, "auto": now.auto,
+            "registered_is_current": model._thinwire_state is now, "flushed_after": flushed}

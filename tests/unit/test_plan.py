@@ -36,6 +36,19 @@ def test_the_table_keys_candidates_by_their_settings_and_measures_the_seed_sprea
     assert labels["allreduce"].spread == 0
 
 
+def test_steps_to_another_quality_are_read_from_the_same_curves(tmp_path):
+    path = _results(tmp_path)
+    data = json.loads(path.read_text())
+    for run in data["runs"]:  # every run trained on past the race's target
+        run["curve"] = [{"step": s, "train_time_s": 0.1 * s, "test_accuracy": s / 100}
+                        for s in range(2, 101, 2)]
+    path.write_text(json.dumps(data))
+    (work, entries), = read_table([path])[0].items()
+    assert work.target == 0.92 and {e.estimate for e in entries.values()} == {92}
+    (work, entries), = read_table([path], steps_to=0.5)[0].items()
+    assert work.target == 0.5 and {e.estimate for e in entries.values()} == {50}
+
+
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory):
     path = _results(tmp_path_factory.mktemp("plan"))
@@ -104,11 +117,22 @@ def test_cli_prints_the_ranking_and_writes_json(tmp_path, capsys):
      "no steps to target measured for mnist on 3 x 2"),
     (["--inter-node-bandwidth", "50mbit", "--calibrate-at", "10mbit"],
      "--calibrate-at 10mbit: no calibration run at that rate"),
+    (["--inter-node-bandwidth", "50mbit", "--steps-to", "1.5"],
+     "--steps-to for test_accuracy must be a number in (0, 1], got 1.5"),
 ])
 def test_bad_input_is_refused_by_name(tmp_path, capsys, argv, message):
     path = _results(tmp_path)
     assert thinwire_main(["plan", "--calibrate", str(path)] + argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_steps_to_quality_that_is_no_number_above_zero_is_refused_by_argparse(tmp_path,
+                                                                                capsys):
+    with pytest.raises(SystemExit):
+        thinwire_main(["plan", "--calibrate", str(_results(tmp_path)), "--inter-node-bandwidth",
+                       "50mbit", "--steps-to", "-1"])
+    assert "--steps-to: must be a finite number in (0, inf], got '-1'" in \
+        capsys.readouterr().err
 
 
 def test_a_missing_input_file_is_named(tmp_path, capsys):

@@ -178,3 +178,32 @@ def test_replan_refuses_a_model_not_registered_for_auto_and_a_bad_share(world_of
         thinwire.ddp.replan(model, share=-0.1)
     with pytest.raises(ValueError, match="is for a model registered with algorithm='auto'"):
         thinwire.ddp.replan(model)
+
+
+def test_a_re_check_switches_where_the_current_choice_misses_the_target_at_the_new_rate():
+    plan = plan_of()
+    plan["plans"][2]["rows"][0]["time_to_target_s"] = None  # hitopk misses at 1 Gbit/s
+    event, switch = plan_choice.decide_switch(plan, "hitopk d=0.05", 12.5e6 / 8,
+                                              _probe(500e6 / 8), share=0.3)
+    assert switch[0] == "allreduce" and "no time to target" in event["reason"]
+
+
+def test_a_flush_owed_by_two_switches_without_a_step_between_is_added_once_in_full():
+    import torch
+
+    from thinwire.ddp import _HookContext
+
+    module = torch.nn.Linear(3, 2)
+    context = _HookContext(object(), module)
+    first = [torch.ones(2, 3), torch.ones(2)]
+    context.switch_to("state-b", first)
+    context.switch_to("state-c", [torch.full((2, 3), 2.0), None])
+    assert context.state == "state-c"
+    torch.testing.assert_close(context.pending[0], torch.full((2, 3), 3.0))
+    torch.testing.assert_close(context.pending[1], torch.ones(2))
+
+    class Layout:  # a bucket of both parameters in DDP's (reversed) order
+        model_index = [1, 0]
+    extras = context.take_pending(Layout(), is_last=True)
+    assert [e.shape for e in extras] == [torch.Size([2]), torch.Size([2, 3])]
+    assert context.take_pending(Layout(), is_last=True) is None  # once

@@ -10,6 +10,7 @@ import datetime
 import json
 import pickle
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -75,11 +76,25 @@ def _pair(sender, receiver):
 def test_a_state_crosses_a_gloo_group_bit_identical():
     state = _state()
     transport = lambda pg: st.DataOnlyTransport(pg, TIMEOUT, own_state=_state)  # noqa: E731
+    receiver = {}
+
+    def receive(pg):
+        receiver["transport"] = transport(pg)
+        return receiver["transport"].recv_checkpoint(0, "thinwire-state/1", 12, TIMEOUT)
+    before = time.time()
     result, errors = _pair(
-        lambda pg: transport(pg).send_checkpoint([1], 12, state, TIMEOUT),
-        lambda pg: transport(pg).recv_checkpoint(0, "thinwire-state/1", 12, TIMEOUT))
+        lambda pg: transport(pg).send_checkpoint([1], 12, state, TIMEOUT), receive)
     assert not errors, errors
     assert _same(result[1], state)
+    [(began, ended)] = receiver["transport"].healings  # where a rejoin's time went
+    assert before <= began <= ended <= time.time()
+
+
+def test_a_refused_healing_is_timed_too():
+    transport = st.DataOnlyTransport(None, TIMEOUT, own_state=dict)
+    with pytest.raises(st.UnsafeState):
+        transport.recv_checkpoint(0, "http://10.0.0.2:8000/checkpoint/12", 12, TIMEOUT)
+    assert len(transport.healings) == 1
 
 
 def _node_state(local_rank: int):

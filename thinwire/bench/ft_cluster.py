@@ -25,6 +25,8 @@ Per run:
   time over the undisturbed, the checkpoint-restart and the torchft run's, in the same repeat;
 - ``rejoin_s``: from the returning node's worker processes being created to its first quorum
   (its healing included; torchrun's own start comes before and is not counted);
+- ``in_quorum_s``: from the same creation to the quorum taking the node in (the start of its
+  healing: the rest of ``rejoin_s`` is the state crossing the link);
 - ``rejoin_parts``: where its rejoin went, seconds from the processes' creation to the end
   of each stage of local rank 0 (imports, the node's process group, model and data, the
   Manager, the barrier with its node-mates, the first quorum with healing), in the JSON;
@@ -51,7 +53,7 @@ RUNS = ("undisturbed", "fault-tolerant", "checkpoint-restart", "torchft-ddp-fp16
 COMPARED = (("undisturbed", "vs_undisturbed"), ("checkpoint-restart", "vs_checkpoint_restart"),
             ("torchft-ddp-fp16", "vs_torchft"))
 COLUMNS = ("repeat", "run", "status", "time_to_target_s", "final",
-           *(column for _, column in COMPARED), "rejoin_s", "kills", "restarts", "rolled_back",
+           *(column for _, column in COMPARED), "rejoin_s", "in_quorum_s", "kills", "restarts", "rolled_back",
            "quorums")
 MAX_RESTARTS = 20  # torchrun's restarts of the checkpoint-restart run (one per failure)
 
@@ -81,6 +83,8 @@ def _fault_tolerant(spec, workload: str, algorithm: str, max_steps: int,
             "quorums": " ".join(f"{n}@{s}" for s, n in first.get("quorums", [])),
             "kills": kills,
             "rejoin_s": back["joined_at"] - back["started_at"]
+            if spec.failure_schedule and back.get("joined_at") else None,
+            "in_quorum_s": back.get("timeline_s", {}).get("in_quorum")
             if spec.failure_schedule and back.get("joined_at") else None,
             "rejoin_parts": {k: round(v, 3) for k, v in back.get("timeline_s", {}).items()}
             if spec.failure_schedule and back.get("joined_at") else None,
@@ -201,7 +205,7 @@ def run(workload: str = "mnist", algorithm: str = "hitopk", nodes: int = 2,
     summary = {**{key: None for key in COLUMNS},  # a table row: every column, empty or not
                "repeat": "median", "run": "fault-tolerant",
                **{c: median(c) for _, c in COMPARED},
-               "rejoin_s": median("rejoin_s"),
+               "rejoin_s": median("rejoin_s"), "in_quorum_s": median("in_quorum_s"),
                "status": max(r["status"] for r in rows)}
     return {"rows": rows + [summary],
             "setting": {"workload": workload, "algorithm": algorithm, "nodes": nodes,

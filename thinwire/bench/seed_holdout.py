@@ -99,13 +99,14 @@ def run(args) -> int:
     check_plan_inputs(args)
     plan = make_plan(args.calibrate, args.steps_from or args.calibrate, args.workload,
                      args.nodes, args.ranks_per_node, rates, calibrate_at=args.calibrate_at,
-                     with_break_even=False)
+                     with_break_even=False, steps_to=args.steps_to)
     rows = holdout_rows(plan)
     if not rows:
         raise ValueError("--steps-from: fewer than two seeds measured for two candidates or "
                          "more; race the workload at other --seed values first")
     result = {"workload": plan["workload"], "rows": rows, "summary": summary(rows),
               "calibrate": args.calibrate, "steps_from": args.steps_from or args.calibrate,
+              "steps_to": args.steps_to,
               "rates": rates}
     print(format_table(rows, ["rate", "held_out_seed", "fastest", *(
         c for rule in RULES for c in (rule, f"{rule}_loss"))]))

@@ -338,6 +338,9 @@ class DataOnlyTransport(CheckpointTransport):
         self._node_store = node_store
         self._round = 0
         self._used_round = 0  # the last round a split healing used (round 0 is never opened)
+        # (began, ended) wall-clock seconds of each healing this replica received: where a
+        # rejoin's time goes (in the quorum at the first's start, healed at its end)
+        self.healings: list[tuple[float, float]] = []
 
     def next_round(self) -> None:
         """A new quorum begins (every rank of the node calls this alike, once per quorum)."""
@@ -399,6 +402,14 @@ class DataOnlyTransport(CheckpointTransport):
 
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int,
                         timeout: timedelta) -> Any:
+        began = time.time()
+        try:
+            return self._recv_checkpoint(src_rank, metadata, step, timeout)
+        finally:
+            self.healings.append((began, time.time()))
+
+    def _recv_checkpoint(self, src_rank: int, metadata: str, step: int,
+                         timeout: timedelta) -> Any:
         if metadata != self.metadata():
             raise UnsafeState(f"peer's checkpoint transport is {_short(metadata)}, not "
                               f"{self.metadata()!r}: healing needs thinwire's on every replica")

@@ -257,14 +257,16 @@ def fitted_compute(params: dict, runs: list, nodes: int, ranks_per_node: int) ->
 def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
               ranks_per_node: int | None, rates: list, compute_ms: float | None = None,
               calibrate_at: str | None = None, form: str = "max", fitted=None,
-              with_break_even: bool = True, compute_scale: float = 1.0) -> dict:
+              with_break_even: bool = True, compute_scale: float = 1.0,
+              steps_to: float | None = None) -> dict:
     """``fitted``: :func:`calibrated`'s result, where the caller has it already;
     ``compute_scale``: the fitted compute per step times this (auto's compute probe: this
     cluster's compute-only step over the calibration runs');
     ``with_break_even``: False skips the break-even search (nine tenths of a plan's time: auto's
-    re-planning needs only the ranking)."""
+    re-planning needs only the ranking); ``steps_to``: steps read to this quality instead of
+    the races' target (:func:`thinwire.sim.steps.read_table`)."""
     params, mode, runs = fitted or calibrated(calibration, calibrate_at, form)
-    table, notes = read_table(steps_files)
+    table, notes = read_table(steps_files, steps_to)
     workloads_seen = sorted({w.workload for w in table})
     workload = workload or (workloads_seen[0] if len(workloads_seen) == 1 else None)
     if workload is None:
@@ -273,6 +275,9 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
     nodes = nodes or runs[0].nodes
     ranks_per_node = ranks_per_node or runs[0].ranks_per_node
     work, entries = entries_for(table, workload, nodes, ranks_per_node)
+    if steps_to is not None:
+        from thinwire.train import quality
+        quality.check_target(work.metric, steps_to, "--steps-to")
     model = dict(work.training)["model"]
     layers = next((r for r in runs if r.layers_key == model), None)
     if layers is None:

@@ -117,6 +117,11 @@ def add_plan_inputs(p: argparse.ArgumentParser) -> None:
                         "the --calibrate files)")
     p.add_argument("--workload", default=None,
                    help="the workload of the steps files to plan for (default: their only one)")
+    p.add_argument("--steps-to", type=number(0, low_open=True), default=None,
+                   metavar="QUALITY",
+                   help="read steps to this quality (accuracy, or bits per byte) instead of "
+                        "the races' target: a plan for another target; only runs that "
+                        "trained past it (compare --no-stop-at-target) reach it")
     p.add_argument("--nodes", type=integer(1, costs.MAX_NODES), default=None,
                    help="nodes of the cluster (default: the calibration's)")
     p.add_argument("--ranks-per-node", type=integer(1, costs.MAX_RANKS_PER_NODE), default=None,
@@ -137,7 +142,8 @@ def main(args) -> int:
 
     plan = make_plan(args.calibrate, args.steps_from or args.calibrate, args.workload,
                      args.nodes, args.ranks_per_node, parse_rates(args.inter_node_bandwidth),
-                     args.compute_ms, args.calibrate_at, args.phase_form)
+                     args.compute_ms, args.calibrate_at, args.phase_form,
+                     steps_to=args.steps_to)
     _print(plan)
     plan["rows"] = plan["steps_table"]  # what docs/results.md reads, unless --measured
     if args.measured:

@@ -17,6 +17,8 @@ algorithms select per node, so 2 x 2 and 4 x 1 are measured apart).
 
 from __future__ import annotations
 
+import dataclasses
+
 import statistics
 from dataclasses import dataclass, field
 
@@ -164,8 +166,11 @@ def steps_to_target(curve: list, metric: str, target: float) -> int | None:
     return None
 
 
-def read_table(paths) -> tuple[dict, list[str]]:
-    """{Workload: {Candidate: Entry}} from compare results files, and a note per run left out."""
+def read_table(paths, steps_to: float | None = None) -> tuple[dict, list[str]]:
+    """{Workload: {Candidate: Entry}} from compare results files, and a note per run left out.
+    ``steps_to``: read steps to this quality instead of each race's target (what a table for
+    another target would say; only runs that trained past it, ``--no-stop-at-target``, reach
+    it: the others count as missing it)."""
     table, notes = {}, []
     for path in paths:
         data = read_json(path, "steps table (thinwire compare results)")
@@ -187,6 +192,8 @@ def read_table(paths) -> tuple[dict, list[str]]:
                     notes.append(f"{where}: {exc}")
                     continue
                 work = workload_of(workload, nodes, cfg)
+                if steps_to is not None:
+                    work = dataclasses.replace(work, target=steps_to)
                 cand = candidate_of(cfg)
                 entry = table.setdefault(work, {}).setdefault(cand, Entry(cand))
                 steps = steps_to_target(raw.get("curve"), work.metric, work.target)

@@ -207,6 +207,9 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
             ft.begin()
             if joined_at is None:
                 joined_at = timeline["first_quorum"] = time.time()
+                healings = getattr(ft.transport, "healings", None) if not peer else None
+                if healings:  # the quorum took it in at the healing's start
+                    timeline["in_quorum"], timeline["healed"] = healings[0]
                 metrics.start_timing(None)
             # thinwire's nodes evaluate the steps committed up to the last quorum at this
             # one's start, where every node of the quorum holds them (a node that rolled back
