@@ -104,7 +104,8 @@ def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None
 
 
 def replan(ddp_model: DistributedDataParallel, *, share: float = 0.3,
-           min_gain: Optional[float] = None) -> dict:
+           min_gain: Optional[float] = None,
+           every_s: Optional[float] = None) -> Optional[dict]:
     """For a model registered with ``algorithm="auto"``: probe the link again and, where its
     goodput moved by more than ``share`` since the current choice was planned and the plan's
     best at the new rate promises at least ``min_gain`` (default
@@ -112,12 +113,17 @@ def replan(ddp_model: DistributedDataParallel, *, share: float = 0.3,
     hook to it (:mod:`thinwire.ddp_auto`). Collective: every rank calls it between the same
     two steps (after ``optimizer.step()``, before the next forward). A switch flushes the
     residuals densely into the next step's gradient. Returns the check's record; the state
-    to checkpoint afterwards is :func:`state_of` ``(ddp_model)`` (a new one after a switch)."""
+    to checkpoint afterwards is :func:`state_of` ``(ddp_model)`` (a new one after a switch).
+
+    ``every_s``: call it after every step; it checks only every ``every_s`` seconds (rank 0's
+    clock), or at once where the pace of the last few steps moved by more than ``share`` (a
+    link that slowed shows so before any clock), and returns None otherwise. Each call costs
+    a one-number broadcast."""
     from thinwire import ddp_auto
 
     if min_gain is None:
         min_gain = ddp_auto.plan_choice.SWITCH_MIN_GAIN
-    event = ddp_auto.replan(ddp_model, _context_of(ddp_model), share, min_gain)
+    event = ddp_auto.replan(ddp_model, _context_of(ddp_model), share, min_gain, every_s)
     ddp_model._thinwire_state = _context_of(ddp_model).state
     return event
 

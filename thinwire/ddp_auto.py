@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 import time
 import zlib
 
@@ -44,6 +45,8 @@ from thinwire.state import SyncState
 from thinwire.topology import Topology, ranks_per_node_of
 
 log = logging.getLogger(__name__)
+
+PACE_CALLS = 5  # calls of replan(every_s=...) whose median interval is a step's pace
 
 
 class AutoContext:
@@ -57,6 +60,35 @@ class AutoContext:
         self.leaders = None  # the node leaders' group, made at the first re-check and kept
         self.checks: list[dict] = []  # every re-check, for the state's record
         self.switches = 0
+        # rank 0's clock for replan(every_s=...): when the last check ended, when replan was
+        # last called, and the seconds between calls since (a step's pace)
+        self.last_check_s = time.perf_counter()
+        self.last_call_s: float | None = None
+        self.recent: list[float] = []
+        self.pace: float | None = None  # the median of PACE_CALLS calls after the last check
+
+    def due_at(self, now: float, every_s: float, share: float) -> bool:
+        """Whether a check is due at ``now`` (rank 0's ``time.perf_counter()``, at a call of
+        replan): ``every_s`` seconds since the last check ended, or the pace (the median
+        seconds between the last ``PACE_CALLS`` calls) moved by more than ``share`` from the
+        pace after the last check: how a link change shows first, whatever ``every_s``."""
+        if self.last_call_s is not None:
+            self.recent = (self.recent + [now - self.last_call_s])[-PACE_CALLS:]
+        self.last_call_s = now
+        if now - self.last_check_s >= every_s:
+            return True
+        if len(self.recent) < PACE_CALLS:
+            return False
+        pace = statistics.median(self.recent)
+        if self.pace is None:
+            self.pace = pace
+            return False
+        return not 1 / (1 + share) <= pace / self.pace <= 1 + share
+
+    def checked(self, now: float) -> None:
+        """A check ended at ``now``: the clock and the pace start again (the interval that
+        holds the check is not a step's pace)."""
+        self.last_check_s, self.last_call_s, self.recent, self.pace = now, None, [], None
 
     def fits(self, algorithm: str, chosen: dict) -> str | None:
         """None where the caller's settings suit ``algorithm`` with ``chosen``, else why not."""
@@ -122,16 +154,38 @@ def _check_share(name: str, value) -> float:
 
 
 def replan(ddp_model, context, share: float = 0.3,
-           min_gain: float = plan_choice.SWITCH_MIN_GAIN) -> dict:
+           min_gain: float = plan_choice.SWITCH_MIN_GAIN,
+           every_s: float | None = None) -> dict | None:
     """Probe the link again and switch the hook where the plan says so (collective: every rank
     calls it between the same two steps). Returns the re-check's event (also appended to the
     state's ``auto["replanning"]["checks"]``); the registered state afterwards is
-    ``context.state`` (a new SyncState where it switched)."""
+    ``context.state`` (a new SyncState where it switched). ``every_s``: called after every
+    step, it checks only where due (:meth:`AutoContext.due_at`, rank 0's clock, broadcast: one
+    one-number collective a call) and returns None where not."""
     share, min_gain = _check_share("share", share), _check_share("min_gain", min_gain)
+    if every_s is not None:
+        every_s = _check_share("every_s", every_s)
     auto: AutoContext | None = getattr(context, "auto", None)
     if auto is None:
         raise ValueError("thinwire.ddp.replan is for a model registered with algorithm='auto' "
                          "(thinwire.ddp.register(model, 'auto', plan=...))")
+    if every_s is not None and not _due(auto, every_s, share):
+        return None
+    event = _check(context, auto, share, min_gain)
+    auto.checked(time.perf_counter())
+    return event
+
+
+def _due(auto: AutoContext, every_s: float, share: float) -> bool:
+    """Rank 0's decision, every rank's (collective)."""
+    flag = torch.zeros(1, dtype=torch.int64, device=auto.device)
+    if dist.get_rank() == 0:
+        flag[0] = int(auto.due_at(time.perf_counter(), every_s, share))
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
+def _check(context, auto: AutoContext, share: float, min_gain: float) -> dict:
     state = context.state
     topology = state.topology
     began = time.perf_counter()

@@ -99,3 +99,25 @@ def register_then_replan(rank, world, plan, goodputs_Bps):
     return {"own": torch.stack(own), "synced": torch.stack(synced), "events": events,
             "algorithms": algorithms, "steps": now.steps, "auto": now.auto,
             "registered_is_current": model._thinwire_state is now, "flushed_after": flushed}
+
+
+def timed_replan(rank, world, plan):
+    """replan(every_s=...) after each of a few steps: None until due, alike on every rank."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import thinwire.ddp
+    from thinwire import link_probe
+
+    def probe(*args, **kwargs):
+        return {"nodes": world, "goodput_Bps": 12.5e6 / 8, "trusted": True,
+                "bound_by": "link", "why": "scripted"}
+    link_probe.probe_inter_node = probe  # this rank's process only
+    model = DDP(torch.nn.Linear(8, 4))
+    thinwire.ddp.register(model, "auto", plan=plan, ranks_per_node=1)
+    answers = []
+    for _ in range(3):
+        model(torch.randn(4, 8)).sum().backward()
+        answers.append(thinwire.ddp.replan(model, every_s=3600.0))
+    answers.append(thinwire.ddp.replan(model, every_s=0.0))  # due at once
+    return answers

@@ -78,3 +78,10 @@ def test_replan_switches_hitopk_to_the_all_reduce_and_delivers_the_residuals():
                               (results[0]["own"][:2].sum(0) + results[1]["own"][:2].sum(0)) / 2,
                               rtol=1e-3, atol=1e-3)  # hitopk did hold mass back
     torch.testing.assert_close(results[0]["synced"], results[1]["synced"])
+
+
+def test_a_timed_replan_checks_only_where_rank_0_says_it_is_due():
+    results = run_ranks(auto_workers.timed_replan, 2, plan_of())
+    for answers in results:
+        assert answers[:3] == [None, None, None]
+        assert answers[3]["kept"] == "hitopk d=0.05" and answers[3]["step"] == 3

@@ -207,3 +207,24 @@ def test_a_flush_owed_by_two_switches_without_a_step_between_is_added_once_in_fu
     extras = context.take_pending(Layout(), is_last=True)
     assert [e.shape for e in extras] == [torch.Size([2]), torch.Size([2, 3])]
     assert context.take_pending(Layout(), is_last=True) is None  # once
+
+
+def test_a_timed_re_check_is_due_by_the_clock_or_at_once_where_the_pace_moved():
+    from thinwire.ddp_auto import PACE_CALLS, AutoContext
+
+    auto = AutoContext(plan_of(), {}, 1e6, None)
+    auto.checked(0.0)
+    now = 0.0
+    calls = []
+    for _ in range(2 * PACE_CALLS):  # steps of 0.1 s: the pace settles, nothing due
+        now += 0.1
+        calls.append(auto.due_at(now, every_s=10.0, share=0.3))
+    assert not any(calls) and auto.pace == pytest.approx(0.1)
+    slow = []
+    for _ in range(PACE_CALLS):  # the link slowed: steps of 1 s
+        now += 1.0
+        slow.append(auto.due_at(now, every_s=10.0, share=0.3))
+    assert slow.index(True) == PACE_CALLS // 2  # as soon as most of the last calls were slow
+    auto.checked(now)
+    assert not auto.due_at(now + 1.0, every_s=10.0, share=0.3)  # the clock starts again
+    assert auto.due_at(now + 10.5, every_s=10.0, share=0.3)  # every_s passed

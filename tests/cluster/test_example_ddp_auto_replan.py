@@ -1,0 +1,30 @@
+"""examples/ddp_auto_replan.py runs as its docstring says (on loopback, 2 nodes x 1 rank, a
+plan of the unit tests): auto chooses, re-checks after every step where due, and records it."""
+
+import io
+import json
+import sys
+from pathlib import Path
+
+from thinwire.cluster import ClusterSpec, run
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "unit"))
+from test_plan_choice import plan_of  # noqa: E402
+
+
+def test_the_example_chooses_and_re_checks_the_link(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(plan_of(nodes=2, ranks_per_node=1)))
+    record = tmp_path / "record.json"
+    out = io.StringIO()
+    status = run(ClusterSpec(nodes=2, ranks_per_node=1, shaping=False),
+                 [str(ROOT / "examples" / "ddp_auto_replan.py"), "--plan", str(plan),
+                  "--steps", "4", "--replan-every-s", "0", "--json", str(record)],
+                 timeout_s=180, output=out)
+    assert status == 0, out.getvalue()[-3000:]
+    got = json.loads(record.read_text())
+    # loopback is faster than the plan's top rate: ddp-fp16 there, kept at every check
+    assert got["first_choice"] == "ddp-fp16" == got["final_choice"]
+    assert [c["step"] for c in got["checks"]] == [1, 2, 3, 4]  # every_s=0: due each step
+    assert "auto chose ddp-fp16" in out.getvalue() and "4 steps in" in out.getvalue()
