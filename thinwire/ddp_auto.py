@@ -66,24 +66,29 @@ class AutoContext:
         self.last_call_s: float | None = None
         self.recent: list[float] = []
         self.pace: float | None = None  # the median of PACE_CALLS calls after the last check
+        self.due_why: str | None = None  # rank 0's: "clock" or "pace", at the last due_at
+        self.flag_group = None  # a gloo group for the due flag (no device sync a step)
 
     def due_at(self, now: float, every_s: float, share: float) -> bool:
         """Whether a check is due at ``now`` (rank 0's ``time.perf_counter()``, at a call of
         replan): ``every_s`` seconds since the last check ended, or the pace (the median
         seconds between the last ``PACE_CALLS`` calls) moved by more than ``share`` from the
-        pace after the last check: how a link change shows first, whatever ``every_s``."""
+        pace after the last check: how a link change shows first, whatever ``every_s``. The
+        first ``PACE_CALLS + 1`` calls after a check set that pace: a change inside them is
+        seen by the clock, or once the pace is set and it moves again."""
         if self.last_call_s is not None:
             self.recent = (self.recent + [now - self.last_call_s])[-PACE_CALLS:]
         self.last_call_s = now
+        self.due_why = None
         if now - self.last_check_s >= every_s:
-            return True
-        if len(self.recent) < PACE_CALLS:
-            return False
-        pace = statistics.median(self.recent)
-        if self.pace is None:
-            self.pace = pace
-            return False
-        return not 1 / (1 + share) <= pace / self.pace <= 1 + share
+            self.due_why = "clock"
+        elif len(self.recent) == PACE_CALLS:
+            pace = statistics.median(self.recent)
+            if self.pace is None:
+                self.pace = pace
+            elif not 1 / (1 + share) <= pace / self.pace <= 1 + share:
+                self.due_why = "pace"
+        return self.due_why is not None
 
     def checked(self, now: float) -> None:
         """A check ended at ``now``: the clock and the pace start again (the interval that
@@ -125,6 +130,7 @@ def auto_state(ddp_model, plan, topology, ranks_per_node, timeout, settings):
     algorithm, chosen, record = plan_choice.resolve(checked, topology.ranks_per_node,
                                                     _timeout_s(topology), auto.fits, device)
     auto.basis_Bps = record["probe"]["goodput_Bps"]
+    auto.checked(time.perf_counter())  # replan's clock counts from here, not the checks
     state = SyncState(None, algorithm, **chosen, **settings)
     state.auto = record
     return state, auto, topology
@@ -169,20 +175,31 @@ def replan(ddp_model, context, share: float = 0.3,
     if auto is None:
         raise ValueError("thinwire.ddp.replan is for a model registered with algorithm='auto' "
                          "(thinwire.ddp.register(model, 'auto', plan=...))")
-    if every_s is not None and not _due(auto, every_s, share):
-        return None
-    event = _check(context, auto, share, min_gain)
+    why = "call"
+    if every_s is not None:
+        why = _due(auto, every_s, share)
+        if why is None:
+            return None
+    event = dict(_check(context, auto, share, min_gain), due=why)
+    auto.checks[-1] = event
     auto.checked(time.perf_counter())
     return event
 
 
-def _due(auto: AutoContext, every_s: float, share: float) -> bool:
-    """Rank 0's decision, every rank's (collective)."""
-    flag = torch.zeros(1, dtype=torch.int64, device=auto.device)
+DUE_WHY = (None, "clock", "pace")
+
+
+def _due(auto: AutoContext, every_s: float, share: float) -> str | None:
+    """Rank 0's decision, every rank's (collective): why a check is due, or None. The flag
+    travels by a gloo group of its own: on the CPU, so reading it never waits for the GPU."""
+    if auto.flag_group is None:
+        auto.flag_group = dist.new_group(backend="gloo")
+    flag = torch.zeros(1, dtype=torch.int64)
     if dist.get_rank() == 0:
-        flag[0] = int(auto.due_at(time.perf_counter(), every_s, share))
-    dist.broadcast(flag, src=0)
-    return bool(flag.item())
+        auto.due_at(time.perf_counter(), every_s, share)
+        flag[0] = DUE_WHY.index(auto.due_why)
+    dist.broadcast(flag, src=0, group=auto.flag_group)
+    return DUE_WHY[int(flag.item())]
 
 
 def _check(context, auto: AutoContext, share: float, min_gain: float) -> dict:

@@ -85,3 +85,4 @@ def test_a_timed_replan_checks_only_where_rank_0_says_it_is_due():
     for answers in results:
         assert answers[:3] == [None, None, None]
         assert answers[3]["kept"] == "hitopk d=0.05" and answers[3]["step"] == 3
+        assert answers[3]["due"] == "clock"

@@ -17,7 +17,8 @@ def _args(tmp_path, **changes):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(plan_of()))
     values = dict(plan=str(plan), fixed=[], bandwidth_schedule="0s:1gbit,20s:25mbit",
-                  steps=10, replan_every_s=10.0, timeout=60.0, json=None)
+                  steps=10, replan_every_s=10.0, timeout=60.0, json=None,
+                  example=str(ddp_auto_replan.EXAMPLE))
     values.update(changes)
     return argparse.Namespace(**values)
 
@@ -39,3 +40,9 @@ def test_a_plan_that_is_not_one_is_refused(tmp_path, monkeypatch):
     bad.write_text("{}")
     with pytest.raises(ValueError, match="plan: nodes must be an integer"):
         ddp_auto_replan.run(_args(tmp_path, plan=str(bad)))
+
+
+def test_an_example_that_is_not_there_is_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(ddp_auto_replan, "_one", lambda *a, **k: pytest.fail("it launched"))
+    with pytest.raises(FileNotFoundError, match="--example .*nope.py is not a file"):
+        ddp_auto_replan.run(_args(tmp_path, example=str(tmp_path / "nope.py")))

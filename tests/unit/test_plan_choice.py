@@ -225,6 +225,8 @@ def test_a_timed_re_check_is_due_by_the_clock_or_at_once_where_the_pace_moved():
         now += 1.0
         slow.append(auto.due_at(now, every_s=10.0, share=0.3))
     assert slow.index(True) == PACE_CALLS // 2  # as soon as most of the last calls were slow
+    assert auto.due_why == "pace"
     auto.checked(now)
     assert not auto.due_at(now + 1.0, every_s=10.0, share=0.3)  # the clock starts again
     assert auto.due_at(now + 10.5, every_s=10.0, share=0.3)  # every_s passed
+    assert auto.due_why == "clock"

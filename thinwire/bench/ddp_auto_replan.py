@@ -9,8 +9,8 @@ library as in ``thinwire train``).
 Runs ``examples/ddp_auto_replan.py`` on the emulated cluster once with auto (``register(...,
 "auto")`` and ``replan(every_s=...)`` after each step) and once per fixed candidate of the plan,
 one after the other, under the same schedule (counted from each job's start). A row per run:
-the seconds its steps took (``train_s``, from the first step to the last, auto's probes and
-switches included), that over auto's (``vs_auto``), its first and last choice and, for auto,
+the seconds from registering the hook to the last step (``train_s``: auto's first probe, its
+checks and switches included), that over auto's (``vs_auto``), its first and last choice and, for auto,
 its checks and where it switched. The script's model is an MLP of the plan's model's size on
 random data: the race measures the steps' time, not a learning curve.
 """
@@ -25,22 +25,25 @@ from pathlib import Path
 from thinwire.bench.report import format_table, save_if_asked
 from thinwire.cliargs import integer
 
+# in a source checkout; elsewhere give --example
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_auto_replan.py"
 COLUMNS = ("run", "status", "train_s", "vs_auto", "first_choice", "final_choice", "checks",
            "switched_at_step", "switched_at_s")
 
 
-def _one(spec, plan: str, steps: int, every_s: float, fixed: str | None,
+def _one(spec, example: Path, plan: str, steps: int, every_s: float, fixed: str | None,
          timeout_s: float) -> dict:
     from thinwire.cluster import run as cluster_run
 
     with tempfile.TemporaryDirectory() as out:
         record_path = Path(out) / "record.json"
-        argv = [str(EXAMPLE), "--plan", plan, "--steps", str(steps), "--replan-every-s",
+        argv = [str(example), "--plan", plan, "--steps", str(steps), "--replan-every-s",
                 str(every_s), "--json", str(record_path)] + (["--fixed", fixed] if fixed else [])
         log = io.StringIO()
         status = cluster_run(spec, argv, timeout_s=timeout_s, output=log)
         record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    if status == 0 and not record:  # it ended well but left no record: not a result
+        status = 1
     switches = [c for c in record.get("checks", []) if "switched_to" in c]
     return {"run": fixed or "auto", "status": status, "train_s": record.get("train_s"),
             "first_choice": record.get("first_choice"),
@@ -56,9 +59,10 @@ def run(args) -> int:
     from thinwire.cluster import ClusterSpec
     from thinwire.cluster.spec import parse_bandwidth_schedule
 
-    if not EXAMPLE.is_file():
-        raise FileNotFoundError(f"{EXAMPLE} is not here: this benchmark runs from a source "
-                                "checkout")
+    example = Path(args.example)
+    if not example.is_file():
+        raise FileNotFoundError(f"--example {example} is not a file (examples/"
+                                "ddp_auto_replan.py of a source checkout)")
     plan = plan_choice.load(args.plan)  # checked before anything launches
     names = {row["candidate"] for at in plan["plans"] for row in at["rows"]}
     for name in args.fixed:
@@ -74,7 +78,7 @@ def run(args) -> int:
     spec = ClusterSpec(nodes=plan["nodes"], ranks_per_node=plan["ranks_per_node"],
                        inter_node_bandwidth=first_rate,
                        bandwidth_schedule=args.bandwidth_schedule)
-    rows = [_one(spec, args.plan, args.steps, args.replan_every_s, fixed, args.timeout)
+    rows = [_one(spec, example, args.plan, args.steps, args.replan_every_s, fixed, args.timeout)
             for fixed in [None, *args.fixed]]
     auto_s = rows[0]["train_s"]
     for row in rows:
@@ -100,5 +104,8 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--replan-every-s", type=float, default=10.0,
                         help="auto's seconds between checks (sooner where the pace moved)")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per run")
+    parser.add_argument("--example", default=str(EXAMPLE),
+                        help="the script it runs (default: this checkout's "
+                             "examples/ddp_auto_replan.py)")
     parser.add_argument("--json", default=None, help="write the rows here")
     parser.set_defaults(func=run)
