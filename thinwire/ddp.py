@@ -70,7 +70,7 @@ def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None
     if not isinstance(ddp_model, DistributedDataParallel):
         raise TypeError(f"ddp_model must be a torch.nn.parallel.DistributedDataParallel, got "
                         f"{type(ddp_model).__name__}")
-    if getattr(ddp_model, "_thinwire_state", None) is not None:
+    if getattr(ddp_model, "_thinwire_context", None) is not None:
         raise RuntimeError("a thinwire hook is already registered on this model; DDP allows one "
                            "communication hook per model")
     if state is not None:
@@ -97,8 +97,7 @@ def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None
     state.attach(topology or Topology.shared(ranks_per_node, timeout))
     context = _HookContext(state, ddp_model.module, auto)
     ddp_model.register_comm_hook(context, _hook)
-    ddp_model._thinwire_state = state
-    ddp_model._thinwire_context = context
+    ddp_model._thinwire_context = context  # its state is the one the hook runs now
     _MODELS.add(ddp_model)
     return state
 
@@ -123,9 +122,7 @@ def replan(ddp_model: DistributedDataParallel, *, share: float = 0.3,
 
     if min_gain is None:
         min_gain = ddp_auto.plan_choice.SWITCH_MIN_GAIN
-    event = ddp_auto.replan(ddp_model, _context_of(ddp_model), share, min_gain, every_s)
-    ddp_model._thinwire_state = _context_of(ddp_model).state
-    return event
+    return ddp_auto.replan(ddp_model, _context_of(ddp_model), share, min_gain, every_s)
 
 
 def state_of(ddp_model: DistributedDataParallel) -> SyncState:
@@ -146,13 +143,10 @@ def flush_residuals(ddp_model: DistributedDataParallel):
     between steps). Returns ``(flushed, mass)``."""
     from thinwire.sync import flush_indexed
 
-    state = getattr(ddp_model, "_thinwire_state", None)
-    if state is None:
-        raise ValueError("this model has no thinwire hook (thinwire.ddp.register) to flush")
+    context = _context_of(ddp_model)
     # the hook's layouts index module.parameters(), every one (see _HookContext)
-    flushed, mass = flush_indexed(list(ddp_model.module.parameters()), state)
-    context = getattr(ddp_model, "_thinwire_context", None)
-    if context is not None and context.pending:  # a switch's flush not yet delivered
+    flushed, mass = flush_indexed(context.params, context.state)
+    if context.pending:  # a switch's flush not yet delivered
         owed, context.pending = context.pending, {}
         flushed = flushed or [None] * len(context.params)
         for i, tensor in owed.items():

@@ -98,7 +98,7 @@ def register_then_replan(rank, world, plan, goodputs_Bps):
     flushed, _ = thinwire.ddp.flush_residuals(model)  # the all-reduce holds none back
     return {"own": torch.stack(own), "synced": torch.stack(synced), "events": events,
             "algorithms": algorithms, "steps": now.steps, "auto": now.auto,
-            "registered_is_current": model._thinwire_state is now, "flushed_after": flushed}
+            "flushed_after": flushed}
 
 
 def timed_replan(rank, world, plan):

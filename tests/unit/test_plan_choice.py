@@ -120,7 +120,7 @@ def test_register_refuses_a_bad_auto_before_it_probes(world_of_one):
         thinwire.ddp.register(model, "hitopk", plan=plan_of())
     with pytest.raises(ValueError, match="suit neither hitopk nor allreduce: nonfinite"):
         thinwire.ddp.register(model, "auto", plan=plan_of(), nonfinite="ignore-it")
-    assert getattr(model, "_thinwire_state", None) is None  # nothing registered
+    assert getattr(model, "_thinwire_context", None) is None  # nothing registered
 
 
 def test_a_candidate_the_callers_settings_do_not_suit_is_passed_over_and_named():
