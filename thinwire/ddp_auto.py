@@ -47,6 +47,10 @@ from thinwire.topology import Topology, ranks_per_node_of
 log = logging.getLogger(__name__)
 
 PACE_CALLS = 5  # calls of replan(every_s=...) whose median interval is a step's pace
+# one interval this many times the pace is due at once: a link that fell under a wire-bound
+# step shows as a jump (1 Gbit/s -> 25 Mbit/s made ddp-fp16's MNIST step 11x longer), and
+# waiting for the median to move cost 3 such steps; a smaller change waits for the median
+JUMP = 2.0
 
 
 class AutoContext:
@@ -66,16 +70,18 @@ class AutoContext:
         self.last_call_s: float | None = None
         self.recent: list[float] = []
         self.pace: float | None = None  # the median of PACE_CALLS calls after the last check
-        self.due_why: str | None = None  # rank 0's: "clock" or "pace", at the last due_at
+        self.due_why: str | None = None  # rank 0's "clock", "jump" or "pace", at the last due_at
         self.flag_group = None  # a gloo group for the due flag (no device sync a step)
 
     def due_at(self, now: float, every_s: float, share: float) -> bool:
         """Whether a check is due at ``now`` (rank 0's ``time.perf_counter()``, at a call of
-        replan): ``every_s`` seconds since the last check ended, or the pace (the median
-        seconds between the last ``PACE_CALLS`` calls) moved by more than ``share`` from the
-        pace after the last check: how a link change shows first, whatever ``every_s``. The
-        first ``PACE_CALLS + 1`` calls after a check set that pace: a change inside them is
-        seen by the clock, or once the pace is set and it moves again."""
+        replan): ``every_s`` seconds since the last check ended ("clock"); the last interval
+        alone at least ``JUMP`` times the pace after the last check ("jump"); or the pace (the
+        median seconds between the last ``PACE_CALLS`` calls) moved by more than ``share``
+        from it ("pace"): how a link change shows first, whatever ``every_s``. The first
+        ``PACE_CALLS + 1`` calls after a check set that pace: a change inside them is seen by
+        the clock, or once the pace is set and it moves again. A jump that was not the link
+        (a script's evaluation, a collection pause) costs one probe that keeps the choice."""
         if self.last_call_s is not None:
             self.recent = (self.recent + [now - self.last_call_s])[-PACE_CALLS:]
         self.last_call_s = now
@@ -86,6 +92,8 @@ class AutoContext:
             pace = statistics.median(self.recent)
             if self.pace is None:
                 self.pace = pace
+            elif self.recent[-1] >= JUMP * self.pace:
+                self.due_why = "jump"
             elif not 1 / (1 + share) <= pace / self.pace <= 1 + share:
                 self.due_why = "pace"
         return self.due_why is not None
@@ -186,7 +194,7 @@ def replan(ddp_model, context, share: float = 0.3,
     return event
 
 
-DUE_WHY = (None, "clock", "pace")
+DUE_WHY = (None, "clock", "pace", "jump")
 
 
 def _due(auto: AutoContext, every_s: float, share: float) -> str | None:

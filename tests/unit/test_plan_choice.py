@@ -8,6 +8,7 @@ import math
 import pytest
 
 from thinwire import plan_choice
+from thinwire.ddp_auto import PACE_CALLS
 
 
 def _row(candidate, algorithm, settings, t):
@@ -209,20 +210,25 @@ def test_a_flush_owed_by_two_switches_without_a_step_between_is_added_once_in_fu
     assert context.take_pending(Layout(), is_last=True) is None  # once
 
 
+def _settled(auto, now: float, step_s: float = 0.1) -> float:
+    """Calls of replan after steps of ``step_s`` until the pace is set; returns the clock."""
+    calls = []
+    for _ in range(2 * PACE_CALLS):
+        now += step_s
+        calls.append(auto.due_at(now, every_s=10.0, share=0.3))
+    assert not any(calls) and auto.pace == pytest.approx(step_s)
+    return now
+
+
 def test_a_timed_re_check_is_due_by_the_clock_or_at_once_where_the_pace_moved():
-    from thinwire.ddp_auto import PACE_CALLS, AutoContext
+    from thinwire.ddp_auto import AutoContext
 
     auto = AutoContext(plan_of(), {}, 1e6, None)
     auto.checked(0.0)
-    now = 0.0
-    calls = []
-    for _ in range(2 * PACE_CALLS):  # steps of 0.1 s: the pace settles, nothing due
-        now += 0.1
-        calls.append(auto.due_at(now, every_s=10.0, share=0.3))
-    assert not any(calls) and auto.pace == pytest.approx(0.1)
+    now = _settled(auto, 0.0)
     slow = []
-    for _ in range(PACE_CALLS):  # the link slowed: steps of 1 s
-        now += 1.0
+    for _ in range(PACE_CALLS):  # the link slowed a little: steps of 0.15 s (under a jump)
+        now += 0.15
         slow.append(auto.due_at(now, every_s=10.0, share=0.3))
     assert slow.index(True) == PACE_CALLS // 2  # as soon as most of the last calls were slow
     assert auto.due_why == "pace"
@@ -230,3 +236,15 @@ def test_a_timed_re_check_is_due_by_the_clock_or_at_once_where_the_pace_moved():
     assert not auto.due_at(now + 1.0, every_s=10.0, share=0.3)  # the clock starts again
     assert auto.due_at(now + 10.5, every_s=10.0, share=0.3)  # every_s passed
     assert auto.due_why == "clock"
+
+
+@pytest.mark.parametrize("step_s, due", [(1.0, "jump"), (0.21, "jump"), (0.19, None)])
+def test_one_step_jump_times_the_pace_is_due_at_once(step_s, due):
+    from thinwire.ddp_auto import JUMP, AutoContext
+
+    assert JUMP == 2.0  # the cases below are written for it
+    auto = AutoContext(plan_of(), {}, 1e6, None)
+    auto.checked(0.0)
+    now = _settled(auto, 0.0)
+    assert auto.due_at(now + step_s, every_s=10.0, share=0.3) is (due is not None)
+    assert auto.due_why == due
