@@ -46,6 +46,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import thinwire  # noqa: E402
+from thinwire.train import fast_start  # noqa: E402
 from thinwire.cluster.coordinator import LIGHTHOUSE_ENV, NODE_ENV, STORE_ENV  # noqa: E402
 from thinwire.ft import per_step  # noqa: E402
 from thinwire.output import write_json_atomic  # noqa: E402
@@ -141,11 +142,15 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
     store_host, store_port = store_at.rsplit(":", 1)
     address = per_step.own_address(store_host)
     place, world = node * n + local, nodes * n  # this rank's shard of the full cluster's data
+    if not peer:  # torch's compiler import (1-2 s) while this process waits on the network
+        fast_start.skip_compiler_import()
     dataset, model, steps_per_epoch, total_steps, optimizer, scheduler = setup_run(
         cfg, place, world, torch.device("cpu"))
     eval_every = cfg.eval_every or steps_per_epoch
     max_steps = max_steps or cfg.max_iters or total_steps
     timeline["model_and_data"] = time.time()
+    if not peer:
+        fast_start.import_compiler_in_background()
     job = dist.TCPStore(store_host, int(store_port), is_master=False, timeout=timeout)
     params = list(model.parameters())
     if peer:
