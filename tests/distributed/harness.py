@@ -9,6 +9,7 @@ pytest shows with the failure.
 from __future__ import annotations
 
 import faulthandler
+import multiprocessing
 import os
 import pickle
 import signal
@@ -21,6 +22,20 @@ import torch.multiprocessing as mp
 
 TIMEOUT_S = 240
 DUMP_GRACE_S = 5.0
+# Ranks fork from a server that imported these once (Python's forkserver): a spawned rank
+# imported torch, its compiler (which DDP's constructor imports) and thinwire itself, 3-4 s of
+# CPU each, most of a short test's time on a 2-core host. The server only imports (no thread
+# pool, no process group), so its fork starts as clean as a fresh interpreter for what a rank
+# does; it keeps the environment of the test process that started it (no test here passes
+# settings to its ranks through the environment).
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "thinwire", "thinwire.ddp",
+           "thinwire.collectives", "thinwire.state", "thinwire.sync"]
+
+
+def start_method() -> str:
+    """The start method for rank processes: ``forkserver`` with :data:`PRELOAD`."""
+    multiprocessing.set_forkserver_preload(PRELOAD)
+    return "forkserver"
 
 
 def _entry(rank: int, world_size: int, store_dir: str, fn, args, kwargs):
@@ -54,7 +69,8 @@ def run_ranks(fn, world_size: int, *args, **kwargs) -> list:
     Raises RuntimeError naming the first failing rank with its traceback."""
     with tempfile.TemporaryDirectory(prefix="thinwire-test-") as store_dir:
         context = mp.start_processes(_entry, args=(world_size, store_dir, fn, args, kwargs),
-                                     nprocs=world_size, join=False, start_method="spawn")
+                                     nprocs=world_size, join=False,
+                                     start_method=start_method())
         import time
         deadline = time.monotonic() + TIMEOUT_S
         while not context.join(timeout=1):

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from harness import run_ranks
+from harness import run_ranks, start_method
 import failure_workers
 
 HERE = os.path.dirname(__file__)
@@ -103,7 +103,7 @@ def test_a_frozen_peer_ends_the_step_within_the_users_timeout(mode, world):
         result_path = os.path.join(tmp, "rank0.txt")
         context = mp.start_processes(_frozen_entry,
                                      args=(world, tmp, timeout_s, result_path, mode),
-                                     nprocs=world, join=False, start_method="spawn")
+                                     nprocs=world, join=False, start_method=start_method())
         try:
             deadline = time.monotonic() + 180
             while not os.path.exists(result_path) and time.monotonic() < deadline:
