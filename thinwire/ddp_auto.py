@@ -72,6 +72,10 @@ class AutoContext:
         self.pace: float | None = None  # the median of PACE_CALLS calls after the last check
         self.due_why: str | None = None  # rank 0's "clock", "jump" or "pace", at the last due_at
         self.flag_group = None  # a gloo group for the due flag (no device sync a step)
+        # off after a jump that was not the link (its check kept the choice: a script's
+        # evaluation every few steps would otherwise probe at each); on again after a clock
+        # check or a switch
+        self.jump_armed = True
 
     def due_at(self, now: float, every_s: float, share: float) -> bool:
         """Whether a check is due at ``now`` (rank 0's ``time.perf_counter()``, at a call of
@@ -81,7 +85,8 @@ class AutoContext:
         from it ("pace"): how a link change shows first, whatever ``every_s``. The first
         ``PACE_CALLS + 1`` calls after a check set that pace: a change inside them is seen by
         the clock, or once the pace is set and it moves again. A jump that was not the link
-        (a script's evaluation, a collection pause) costs one probe that keeps the choice."""
+        (a script's evaluation, a collection pause) costs one probe that keeps the choice,
+        and turns the jump trigger off until the next clock check (:meth:`checked`)."""
         if self.last_call_s is not None:
             self.recent = (self.recent + [now - self.last_call_s])[-PACE_CALLS:]
         self.last_call_s = now
@@ -92,16 +97,21 @@ class AutoContext:
             pace = statistics.median(self.recent)
             if self.pace is None:
                 self.pace = pace
-            elif self.recent[-1] >= JUMP * self.pace:
+            elif self.jump_armed and self.recent[-1] >= JUMP * self.pace > 0:
                 self.due_why = "jump"
-            elif not 1 / (1 + share) <= pace / self.pace <= 1 + share:
+            elif not self.pace / (1 + share) <= pace <= self.pace * (1 + share):
                 self.due_why = "pace"
         return self.due_why is not None
 
-    def checked(self, now: float) -> None:
-        """A check ended at ``now``: the clock and the pace start again (the interval that
-        holds the check is not a step's pace)."""
+    def checked(self, now: float, why: str = "call", switched: bool = False) -> None:
+        """A check (due for ``why``) ended at ``now``: the clock and the pace start again (the
+        interval that holds the check is not a step's pace); a jump whose check kept the
+        choice disarms the jump trigger until a clock check or a switch."""
         self.last_check_s, self.last_call_s, self.recent, self.pace = now, None, [], None
+        if why == "jump" and not switched:
+            self.jump_armed = False
+        elif why == "clock" or switched:
+            self.jump_armed = True
 
     def fits(self, algorithm: str, chosen: dict) -> str | None:
         """None where the caller's settings suit ``algorithm`` with ``chosen``, else why not."""
@@ -190,7 +200,7 @@ def replan(ddp_model, context, share: float = 0.3,
             return None
     event = dict(_check(context, auto, share, min_gain), due=why)
     auto.checks[-1] = event
-    auto.checked(time.perf_counter())
+    auto.checked(time.perf_counter(), why, "switched_to" in event)
     return event
 
 

@@ -178,3 +178,20 @@ def register_cycles(rank, world, cycles):
     gc.collect()
     return {"before": before, "after": (threading.active_count(),
                                         len(os.listdir("/proc/self/fd"))), "refused": refused}
+
+
+def environ_value(rank, world, name):
+    import os
+
+    return os.environ.get(name)
+
+
+def environ_then_fail(rank, world, name):
+    """The harness's own check: the test's environment reaches the rank, and what a rank
+    printed reaches the failure's message."""
+    import os
+
+    print(f"rank {rank} saw {name}={os.environ.get(name)}", flush=True)
+    if rank == 1:
+        raise ValueError("rank 1 fails on purpose")
+    return os.environ.get(name)

@@ -2,8 +2,8 @@
 
 Rendezvous through a FileStore in a temporary directory (no ports), one process per rank, and a
 hard timeout so that a collective mismatch fails the test instead of hanging it; on the timeout
-every rank writes the stack of each of its threads to stderr (faulthandler, on SIGABRT), which
-pytest shows with the failure.
+every rank writes the stack of each of its threads (faulthandler, on SIGABRT) to its output
+file, whose end the failure's message carries.
 """
 
 from __future__ import annotations
@@ -22,12 +22,16 @@ import torch.multiprocessing as mp
 
 TIMEOUT_S = 240
 DUMP_GRACE_S = 5.0
+OUTPUT_TAIL = 6000  # characters of a rank's output in a failure's message
 # Ranks fork from a server that imported these once (Python's forkserver): a spawned rank
 # imported torch, its compiler (which DDP's constructor imports) and thinwire itself, 3-4 s of
 # CPU each, most of a short test's time on a 2-core host. The server only imports (no thread
 # pool, no process group), so its fork starts as clean as a fresh interpreter for what a rank
-# does; it keeps the environment of the test process that started it (no test here passes
-# settings to its ranks through the environment).
+# does. What a fork would otherwise take from the server rather than from the test is set
+# again in each rank: the test's environment (``os.environ`` as run_ranks saw it), and its
+# standard output and error, which go to a file of the rank's (the server's would be whichever
+# test's capture was open when it started). The server passes at most ~250 file descriptors to
+# a rank: arguments carry settings, not tensors.
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "thinwire", "thinwire.ddp",
            "thinwire.collectives", "thinwire.state", "thinwire.sync"]
 
@@ -38,7 +42,17 @@ def start_method() -> str:
     return "forkserver"
 
 
-def _entry(rank: int, world_size: int, store_dir: str, fn, args, kwargs):
+def _output_path(store_dir: str, rank: int) -> str:
+    return os.path.join(store_dir, f"rank{rank}.out")
+
+
+def _entry(rank: int, world_size: int, store_dir: str, fn, args, kwargs, environ=None):
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
+    output = open(_output_path(store_dir, rank), "w")
+    os.dup2(output.fileno(), 1)
+    os.dup2(output.fileno(), 2)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     faulthandler.enable(all_threads=True)  # SIGABRT from run_ranks' timeout: every stack
     torch.set_num_threads(1)
@@ -68,25 +82,50 @@ def run_ranks(fn, world_size: int, *args, **kwargs) -> list:
 
     Raises RuntimeError naming the first failing rank with its traceback."""
     with tempfile.TemporaryDirectory(prefix="thinwire-test-") as store_dir:
-        context = mp.start_processes(_entry, args=(world_size, store_dir, fn, args, kwargs),
+        context = mp.start_processes(_entry, args=(world_size, store_dir, fn, args, kwargs,
+                                                   dict(os.environ)),
                                      nprocs=world_size, join=False,
                                      start_method=start_method())
         import time
         deadline = time.monotonic() + TIMEOUT_S
-        while not context.join(timeout=1):
+        while not _joined(context, store_dir, world_size):
             if time.monotonic() > deadline:
                 for process in context.processes:  # one at a time: dumps do not interleave
                     if process.is_alive():
                         os.kill(process.pid, signal.SIGABRT)
                         process.join(DUMP_GRACE_S)
                     process.kill()
-                raise RuntimeError(f"ranks did not finish within {TIMEOUT_S} s (their stacks "
-                                   "are in the captured stderr)")
+                raise RuntimeError(f"ranks did not finish within {TIMEOUT_S} s; their "
+                                   f"stacks:\n{_outputs(store_dir, world_size)}")
         results = []
         for rank in range(world_size):
             with open(os.path.join(store_dir, f"rank{rank}.pkl"), "rb") as handle:
                 status, value = pickle.load(handle)
             if status != "ok":
-                raise RuntimeError(f"rank {rank} failed: {value}")
+                raise RuntimeError(f"rank {rank} failed: {value}\nthe ranks' output:\n"
+                                   f"{_outputs(store_dir, world_size)}")
             results.append(value)
         return results
+
+
+def _joined(context, store_dir: str, world_size: int) -> bool:
+    """``context.join`` for a second; a rank that died (a signal, an exit code) raises with
+    every rank's output."""
+    try:
+        return context.join(timeout=1)
+    except Exception as exc:
+        raise RuntimeError(f"{exc}\nthe ranks' output:\n{_outputs(store_dir, world_size)}") \
+            from exc
+
+
+def _outputs(store_dir: str, world_size: int) -> str:
+    """The end of each rank's standard output and error."""
+    parts = []
+    for rank in range(world_size):
+        try:
+            with open(_output_path(store_dir, rank), errors="replace") as handle:
+                text = handle.read()
+        except OSError:
+            text = "(no output file: the rank did not start)"
+        parts.append(f"--- rank {rank} ---\n{text[-OUTPUT_TAIL:]}")
+    return "\n".join(parts)

@@ -123,3 +123,18 @@ def test_registering_many_models_leaks_no_thread_and_no_descriptor():
     for result in run_ranks(failure_workers.register_cycles, 2, 100):
         assert result["after"] == result["before"], result
         assert "state= already holds its settings (algorithm='hitopk'" in result["refused"]
+
+
+def test_the_harness_gives_ranks_the_tests_environment_and_reports_their_output(monkeypatch):
+    """Ranks fork from a server started by an earlier test: they still see this test's
+    environment, and a failure's message carries every rank's output."""
+    monkeypatch.delenv("THINWIRE_HARNESS_CHECK", raising=False)
+    # the server runs (started here, or by an earlier test) before the variable is set
+    assert run_ranks(failure_workers.environ_value, 2, "THINWIRE_HARNESS_CHECK") == [None] * 2
+    monkeypatch.setenv("THINWIRE_HARNESS_CHECK", "this-test")
+    with pytest.raises(RuntimeError) as failure:
+        run_ranks(failure_workers.environ_then_fail, 2, "THINWIRE_HARNESS_CHECK")
+    message = str(failure.value)
+    assert "rank 1 failed: ValueError: rank 1 fails on purpose" in message
+    assert "rank 0 saw THINWIRE_HARNESS_CHECK=this-test" in message, message
+    assert "rank 1 saw THINWIRE_HARNESS_CHECK=this-test" in message, message

@@ -1,4 +1,4 @@
-"""Functions that run on every rank (imported by name in spawned processes)."""
+"""Functions that run on every rank (imported by name in the rank processes)."""
 
 from __future__ import annotations
 

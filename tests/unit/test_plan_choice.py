@@ -238,7 +238,7 @@ def test_a_timed_re_check_is_due_by_the_clock_or_at_once_where_the_pace_moved():
     assert auto.due_why == "clock"
 
 
-@pytest.mark.parametrize("step_s, due", [(1.0, "jump"), (0.21, "jump"), (0.19, None)])
+@pytest.mark.parametrize("step_s, due", [(1.0, "jump"), (0.25, "jump"), (0.15, None)])
 def test_one_step_jump_times_the_pace_is_due_at_once(step_s, due):
     from thinwire.ddp_auto import JUMP, AutoContext
 
@@ -248,3 +248,33 @@ def test_one_step_jump_times_the_pace_is_due_at_once(step_s, due):
     now = _settled(auto, 0.0)
     assert auto.due_at(now + step_s, every_s=10.0, share=0.3) is (due is not None)
     assert auto.due_why == due
+
+
+@pytest.mark.parametrize("next_why, switched, armed", [
+    ("jump", False, False),  # a jump that was not the link: no more jumps ...
+    ("clock", False, True),  # ... until a clock check
+    ("jump", True, True),    # a jump that switched was the link
+])
+def test_a_jump_whose_check_kept_the_choice_turns_jumps_off_until_a_clock_check(
+        next_why, switched, armed):
+    from thinwire.ddp_auto import AutoContext
+
+    auto = AutoContext(plan_of(), {}, 1e6, None)
+    auto.checked(0.0)
+    now = _settled(auto, 0.0)
+    assert auto.due_at(now + 1.0, every_s=10.0, share=0.3) and auto.due_why == "jump"
+    auto.checked(now + 1.0, "jump", switched=False)  # a script's evaluation, say
+    now = _settled(auto, now + 1.0)
+    assert not auto.due_at(now + 1.0, every_s=10.0, share=0.3)  # no jump now
+    auto.checked(now + 1.0, next_why, switched)
+    now = _settled(auto, now + 1.0)
+    assert auto.due_at(now + 1.0, every_s=10.0, share=0.3) is armed
+
+
+def test_steps_of_no_measurable_time_are_never_a_jump():
+    from thinwire.ddp_auto import AutoContext
+
+    auto = AutoContext(plan_of(), {}, 1e6, None)
+    auto.checked(0.0)
+    calls = [auto.due_at(0.0, every_s=10.0, share=0.3) for _ in range(3 * PACE_CALLS)]
+    assert not any(calls) and auto.pace == 0.0
