@@ -149,8 +149,9 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
     eval_every = cfg.eval_every or steps_per_epoch
     max_steps = max_steps or cfg.max_iters or total_steps
     timeline["model_and_data"] = time.time()
-    if not peer:
-        fast_start.import_compiler_in_background()
+    # on a thread while this process waits on the network (its main thread imports none of
+    # what the compiler imports meanwhile: torchft, the healing's transport)
+    compiler_import = None if peer else fast_start.import_compiler_in_background()
     job = dist.TCPStore(store_host, int(store_port), is_master=False, timeout=timeout)
     params = list(model.parameters())
     if peer:
@@ -168,6 +169,8 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
             per_step.wait_for_nodes(job, nodes, timeout)
     dist.barrier(group=node_group)
     if job.check([DONE_KEY]):  # came back after the others reached the target: nothing to do
+        if compiler_import is not None:  # not torn down by the interpreter's exit mid-import
+            compiler_import.join(timeout.total_seconds())
         manager.shutdown(wait=False)
         dist.destroy_process_group()
         return 0
