@@ -30,6 +30,10 @@ Per run:
 - ``rejoin_parts``: where its rejoin went, seconds from the processes' creation to the end
   of each stage of local rank 0 (imports, the node's process group, model and data, the
   Manager, the barrier with its node-mates, the first quorum with healing), in the JSON;
+  ``rejoin_s``, ``in_quorum_s`` and ``rejoin_parts`` are node 1's last return's (the one
+  that trained to the end);
+- ``rejoins``: every return of every node, in the order they started (node, ``in_quorum_s``,
+  ``rejoin_s``), in the JSON; ``in_quorum_max_s``: the slowest of them into the quorum;
 - ``kills``: nodes the schedule killed before the run ended (later events never happen);
 - ``restarts``: times checkpoint-restart resumed from its checkpoint;
 - ``rolled_back``: steps node 0 undid;
@@ -53,8 +57,8 @@ RUNS = ("undisturbed", "fault-tolerant", "checkpoint-restart", "torchft-ddp-fp16
 COMPARED = (("undisturbed", "vs_undisturbed"), ("checkpoint-restart", "vs_checkpoint_restart"),
             ("torchft-ddp-fp16", "vs_torchft"))
 COLUMNS = ("repeat", "run", "status", "time_to_target_s", "final",
-           *(column for _, column in COMPARED), "rejoin_s", "in_quorum_s", "kills", "restarts", "rolled_back",
-           "quorums")
+           *(column for _, column in COMPARED), "rejoin_s", "in_quorum_s", "in_quorum_max_s",
+           "kills", "restarts", "rolled_back", "quorums")
 MAX_RESTARTS = 20  # torchrun's restarts of the checkpoint-restart run (one per failure)
 
 
@@ -73,6 +77,7 @@ def _fault_tolerant(spec, workload: str, algorithm: str, max_steps: int,
                              timeout_s=timeout_s, output=log, stats_path=f"{out}/stats.json")
         nodes = {int(p.stem[4:]): json.loads(p.read_text()) for p in Path(out).glob("node*.json")}
         kills = _kills(_read_json(Path(out) / "stats.json"))
+        rejoins = _rejoins(Path(out))
     first = nodes.get(0, {})
     reached = first.get("reached")
     back = nodes.get(1, {})
@@ -88,7 +93,21 @@ def _fault_tolerant(spec, workload: str, algorithm: str, max_steps: int,
             if spec.failure_schedule and back.get("joined_at") else None,
             "rejoin_parts": {k: round(v, 3) for k, v in back.get("timeline_s", {}).items()}
             if spec.failure_schedule and back.get("joined_at") else None,
+            **rejoins,
             "log_tail": None if status == 0 else _failure_excerpt(log.getvalue())}
+
+
+def _rejoins(out: Path) -> dict:
+    """``rejoins`` and ``in_quorum_max_s`` from the returning nodes' own records
+    (:func:`thinwire.train.ft_job.write_rejoin`), in the order they started."""
+    from thinwire.train.ft_job import REJOIN_GLOB
+
+    records = sorted((json.loads(p.read_text()) for p in out.glob(REJOIN_GLOB)),
+                     key=lambda r: r["started_at"])
+    rejoins = [{"node": r["node"], "in_quorum_s": r["timeline_s"].get("in_quorum"),
+                "rejoin_s": r["timeline_s"].get("first_quorum")} for r in records]
+    into = [r["in_quorum_s"] for r in rejoins if r["in_quorum_s"] is not None]
+    return {"rejoins": rejoins, "in_quorum_max_s": max(into) if into else None}
 
 
 def restart_config(workload: str, algorithm: str, ranks_per_node: int, directory: str,
@@ -206,6 +225,7 @@ def run(workload: str = "mnist", algorithm: str = "hitopk", nodes: int = 2,
                "repeat": "median", "run": "fault-tolerant",
                **{c: median(c) for _, c in COMPARED},
                "rejoin_s": median("rejoin_s"), "in_quorum_s": median("in_quorum_s"),
+               "in_quorum_max_s": median("in_quorum_max_s"),
                "status": max(r["status"] for r in rows)}
     return {"rows": rows + [summary],
             "setting": {"workload": workload, "algorithm": algorithm, "nodes": nodes,

@@ -74,6 +74,19 @@ def process_started_at() -> float:
 STARTED_AT = process_started_at()
 
 
+REJOIN_GLOB = "rejoin_node*.json"
+
+
+def write_rejoin(out: Path, node: int, timeline: dict) -> Path:
+    """A returning node's rejoin, as soon as its first quorum healed it (``out``, next to the
+    nodes' summaries): the summary holds only the last process's, and a node killed again
+    before the end writes none. Seconds from this process's creation to each stage's end."""
+    path = out / f"rejoin_node{node}_{os.getpid()}.json"
+    write_json_atomic(path, {"node": node, "started_at": STARTED_AT,
+                             "timeline_s": {k: v - STARTED_AT for k, v in timeline.items()}})
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     timeline = {"imported": time.time()}  # when each stage of joining ended (wall clock)
     p = argparse.ArgumentParser(prog="python -m thinwire.train.ft_job")
@@ -218,6 +231,8 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
                 healings = getattr(ft.transport, "healings", None) if not peer else None
                 if healings:  # the quorum took it in at the healing's start
                     timeline["in_quorum"], timeline["healed"] = healings[0]
+                    if out is not None and local == 0:  # this return's own record
+                        write_rejoin(out, node, timeline)
                 metrics.start_timing(None)
             # thinwire's nodes evaluate the steps committed up to the last quorum at this
             # one's start, where every node of the quorum holds them (a node that rolled back
