@@ -10,9 +10,9 @@ Runs ``examples/ddp_auto_replan.py`` on the emulated cluster once with auto (``r
 "auto")`` and ``replan(every_s=...)`` after each step) and once per fixed candidate of the plan,
 one after the other, under the same schedule (counted from each job's start). A row per run:
 the seconds from registering the hook to the last step (``train_s``: auto's first probe, its
-checks and switches included), that over auto's (``vs_auto``), its first and last choice and, for auto,
-its checks and where it switched. The script's model is an MLP of the plan's model's size on
-random data: the race measures the steps' time, not a learning curve.
+checks and switches included), that over auto's (``vs_auto``), its first and last choice
+and, for auto, its checks and where it switched. The script's model is an MLP of the plan's
+model's size on random data: the race measures the steps' time, not a learning curve.
 """
 
 from __future__ import annotations
