@@ -33,6 +33,9 @@ def main() -> None:
     parser.add_argument("--replan-every-s", type=float, default=10.0,
                         help="seconds between re-checks of the link (sooner where the pace "
                              "of the steps moved)")
+    parser.add_argument("--pilot", type=int, default=2,
+                        help="runners-up of each plan choice to measure on this script "
+                             "(thinwire.ddp.replan's pilot; 0: the plan's choice as it is)")
     parser.add_argument("--fixed", default=None, metavar="CANDIDATE",
                         help="register this candidate of the plan (its name as the plan "
                              "writes it: ddp-fp16, 'hitopk d=0.05 ...') and never re-plan: the "
@@ -70,8 +73,8 @@ def main() -> None:
         now = time.perf_counter()
         algorithm = thinwire.ddp.state_of(ddp_model).algorithm
         # collective, after every step: a check where due (a one-number broadcast where not)
-        event = None if args.fixed else thinwire.ddp.replan(ddp_model,
-                                                            every_s=args.replan_every_s)
+        event = None if args.fixed else thinwire.ddp.replan(
+            ddp_model, every_s=args.replan_every_s, pilot=args.pilot)
         if event is not None:
             record["intervals"].append({"until_step": step, "at_s": now - began,
                                         "algorithm": algorithm, "steps": step - last_check,
@@ -82,7 +85,8 @@ def main() -> None:
                        else f"kept {event['kept']}")
             goodput = event.get("goodput_Bps")
             say(f"step {step} at {now - began:.1f} s: {algorithm} took "
-                f"{record['intervals'][-1]['s_per_step']:.3f} s a step; re-check: "
+                f"{record['intervals'][-1]['s_per_step']:.3f} s a step; "
+                + ("pilot: " if event.get("pilot") else "re-check: ")
                 + (f"{goodput * 8 / 1e6:.0f} Mbit/s goodput, " if goodput else "")
                 + outcome)
             interval_began, last_check = time.perf_counter(), step

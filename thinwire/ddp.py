@@ -104,7 +104,7 @@ def register(ddp_model: DistributedDataParallel, algorithm: Optional[str] = None
 
 def replan(ddp_model: DistributedDataParallel, *, share: float = 0.3,
            min_gain: Optional[float] = None,
-           every_s: Optional[float] = None) -> Optional[dict]:
+           every_s: Optional[float] = None, pilot: int = 2) -> Optional[dict]:
     """For a model registered with ``algorithm="auto"``: probe the link again and, where its
     goodput moved by more than ``share`` since the current choice was planned and the plan's
     best at the new rate promises at least ``min_gain`` (default
@@ -117,12 +117,21 @@ def replan(ddp_model: DistributedDataParallel, *, share: float = 0.3,
     ``every_s``: call it after every step; it checks only every ``every_s`` seconds (rank 0's
     clock), or at once where the pace of the last few steps moved by more than ``share`` (a
     link that slowed shows so before any clock), and returns None otherwise. Each call costs
-    a one-number broadcast."""
+    a two-number broadcast.
+
+    ``pilot`` (with ``every_s``; 0 turns it off): the plan's step times come from the model it
+    was calibrated on, not from yours. After each choice the plan makes (at registration, and
+    after a switch for the link), up to ``pilot`` runners-up that it predicts within
+    ``thinwire.plan_choice.PILOT_WITHIN`` (1.5x) of its choice are measured on your script: each
+    candidate runs ``ddp_auto.PACE_CALLS + 1`` steps (a switch each, flushing as above), and
+    the one whose plan steps to target at its measured seconds a step come soonest is kept.
+    The other checks wait while a pilot runs. The events say ``pilot``; the state's
+    ``auto["pilot"]`` holds the paces and the decision."""
     from thinwire import ddp_auto
 
     if min_gain is None:
         min_gain = ddp_auto.plan_choice.SWITCH_MIN_GAIN
-    return ddp_auto.replan(ddp_model, _context_of(ddp_model), share, min_gain, every_s)
+    return ddp_auto.replan(ddp_model, _context_of(ddp_model), share, min_gain, every_s, pilot)
 
 
 def state_of(ddp_model: DistributedDataParallel) -> SyncState:

@@ -76,6 +76,12 @@ class AutoContext:
         # evaluation every few steps would otherwise probe at each); on again after a clock
         # check or a switch
         self.jump_armed = True
+        # the pilot (replan(every_s=..., pilot=N)): the candidates still to measure after the
+        # current one (None: not yet listed for the current plan choice), each measured one's
+        # pace, and whether a pilot is under way (it holds the other checks)
+        self.pilot_queue: list[str] | None = None
+        self.pilot_paces: dict[str, float] = {}
+        self.piloting = False
 
     def due_at(self, now: float, every_s: float, share: float) -> bool:
         """Whether a check is due at ``now`` (rank 0's ``time.perf_counter()``, at a call of
@@ -86,12 +92,17 @@ class AutoContext:
         ``PACE_CALLS + 1`` calls after a check set that pace: a change inside them is seen by
         the clock, or once the pace is set and it moves again. A jump that was not the link
         (a script's evaluation, a collection pause) costs one probe that keeps the choice,
-        and turns the jump trigger off until the next clock check (:meth:`checked`)."""
+        and turns the jump trigger off until the next clock check (:meth:`checked`). While a
+        pilot runs, the only check due is its own ("pilot"), once the pace is set."""
         if self.last_call_s is not None:
             self.recent = (self.recent + [now - self.last_call_s])[-PACE_CALLS:]
         self.last_call_s = now
         self.due_why = None
-        if now - self.last_check_s >= every_s:
+        if self.piloting:  # the pilot holds the other checks: its paces are at one rate
+            if len(self.recent) == PACE_CALLS and self.pace is None:
+                self.pace = statistics.median(self.recent)
+                self.due_why = "pilot"
+        elif now - self.last_check_s >= every_s:
             self.due_why = "clock"
         elif len(self.recent) == PACE_CALLS:
             pace = statistics.median(self.recent)
@@ -179,45 +190,104 @@ def _check_share(name: str, value) -> float:
 
 def replan(ddp_model, context, share: float = 0.3,
            min_gain: float = plan_choice.SWITCH_MIN_GAIN,
-           every_s: float | None = None) -> dict | None:
+           every_s: float | None = None, pilot: int = 2) -> dict | None:
     """Probe the link again and switch the hook where the plan says so (collective: every rank
     calls it between the same two steps). Returns the re-check's event (also appended to the
     state's ``auto["replanning"]["checks"]``); the registered state afterwards is
     ``context.state`` (a new SyncState where it switched). ``every_s``: called after every
     step, it checks only where due (:meth:`AutoContext.due_at`, rank 0's clock, broadcast: one
-    one-number collective a call) and returns None where not."""
+    two-number collective a call) and returns None where not. ``pilot`` (with ``every_s``):
+    after each choice the plan makes, up to this many runners-up the plan predicts within
+    ``plan_choice.PILOT_WITHIN`` of it are run for ``PACE_CALLS + 1`` steps each, and the
+    candidate whose measured pace gives the shortest time to target is kept (:func:`_pilot`)."""
     share, min_gain = _check_share("share", share), _check_share("min_gain", min_gain)
     if every_s is not None:
         every_s = _check_share("every_s", every_s)
+    if isinstance(pilot, bool) or not isinstance(pilot, int) or pilot < 0:
+        raise ValueError(f"pilot must be an integer >= 0 (how many runners-up to measure), "
+                         f"got {pilot!r}")
     auto: AutoContext | None = getattr(context, "auto", None)
     if auto is None:
         raise ValueError("thinwire.ddp.replan is for a model registered with algorithm='auto' "
                          "(thinwire.ddp.register(model, 'auto', plan=...))")
     why = "call"
     if every_s is not None:
-        why = _due(auto, every_s, share)
+        if auto.pilot_queue is None:  # a new plan choice: list its pilot (alike on every rank)
+            auto.pilot_queue = plan_choice.pilot_candidates(
+                auto.plan, auto.basis_Bps, context.state.auto["choice"], auto.fits)[:pilot]
+            auto.pilot_paces, auto.piloting = {}, bool(auto.pilot_queue)
+        why, pace = _due(auto, every_s, share)
         if why is None:
             return None
+        if why == "pilot":
+            event = dict(_pilot(context, auto, pace), due=why)
+            auto.checks[-1] = event
+            auto.checked(time.perf_counter(), why, "switched_to" in event)
+            return event
     event = dict(_check(context, auto, share, min_gain), due=why)
     auto.checks[-1] = event
     auto.checked(time.perf_counter(), why, "switched_to" in event)
     return event
 
 
-DUE_WHY = (None, "clock", "pace", "jump")
+DUE_WHY = (None, "clock", "pace", "jump", "pilot")
 
 
-def _due(auto: AutoContext, every_s: float, share: float) -> str | None:
-    """Rank 0's decision, every rank's (collective): why a check is due, or None. The flag
-    travels by a gloo group of its own: on the CPU, so reading it never waits for the GPU."""
+def _due(auto: AutoContext, every_s: float, share: float) -> tuple[str | None, float]:
+    """Rank 0's decision, every rank's (collective): why a check is due, or None, and rank 0's
+    pace (a pilot's measure). The flag travels by a gloo group of its own: on the CPU, so
+    reading it never waits for the GPU."""
     if auto.flag_group is None:
         auto.flag_group = dist.new_group(backend="gloo")
-    flag = torch.zeros(1, dtype=torch.int64)
+    flag = torch.zeros(2, dtype=torch.float64)
     if dist.get_rank() == 0:
         auto.due_at(time.perf_counter(), every_s, share)
         flag[0] = DUE_WHY.index(auto.due_why)
+        flag[1] = auto.pace if auto.pace is not None else -1.0
     dist.broadcast(flag, src=0, group=auto.flag_group)
-    return DUE_WHY[int(flag.item())]
+    return DUE_WHY[int(flag[0].item())], float(flag[1].item())
+
+
+def _pilot(context, auto: AutoContext, pace: float) -> dict:
+    """The current candidate's pace is set: record it, then switch to the next candidate to
+    measure, or, all measured, keep the one whose plan steps at its measured pace reach the
+    target soonest (switching to it where it is not the one running and promises more than
+    ``plan_choice.PILOT_MARGIN``). Every rank decides alike from rank 0's broadcast pace."""
+    state = context.state
+    current = state.auto["choice"]
+    auto.pilot_paces[current] = pace
+    event = {"pilot": True, "measured": current, "pace_s": pace, "step": state.steps}
+    target = None
+    if auto.pilot_queue:
+        target = auto.pilot_queue.pop(0)
+    else:
+        auto.piloting = False
+        scores = plan_choice.pilot_scores(auto.plan, auto.basis_Bps, auto.pilot_paces)
+        best = min(scores, key=scores.get)
+        event.update(paces=dict(auto.pilot_paces), predicted_at_pace_s=scores, best=best)
+        if best != current and scores[current] > scores[best] * (1 + plan_choice.PILOT_MARGIN):
+            target = best
+        event["chosen"] = target or current
+    began = time.perf_counter()
+    if target is None:
+        event["kept"] = current
+    else:
+        algorithm, settings, record = plan_choice.choose(auto.plan, auto.basis_Bps, auto.fits,
+                                                         among={target})
+        _switch(context, auto, state.auto.get("probe"), algorithm, settings, record)
+        event.update(switched_from=current, switched_to=target)
+        log.info("auto: pilot measured %s at %.3f s a step; switched to %s at step %d",
+                 current, pace, target, state.steps)
+    plan_choice.agree(None, auto.device, "the pilot", zlib.crc32(json.dumps(
+        [event.get("switched_to"), event.get("kept")]).encode()))
+    event["switch_s"] = time.perf_counter() - began
+    if not auto.piloting:
+        context.state.auto["pilot"] = {k: event[k] for k in ("paces", "predicted_at_pace_s",
+                                                              "best", "chosen") if k in event}
+    auto.checks.append(event)
+    context.state.auto["replanning"] = dict(context.state.auto.get("replanning") or {},
+                                            checks=auto.checks, switches=auto.switches)
+    return event
 
 
 def _check(context, auto: AutoContext, share: float, min_gain: float) -> dict:
@@ -251,6 +321,7 @@ def _check(context, auto: AutoContext, share: float, min_gain: float) -> dict:
     event = dict(event, step=state.steps, probe_s=time.perf_counter() - began)
     if switch is not None:
         _switch(context, auto, probe, *switch)
+        auto.pilot_queue = None  # the plan's new choice gets a pilot of its own
         log.info("auto: the link moved %+.0f%%; switched from %s to %s at step %d",
                  100 * event["change"], current, event["switched_to"], event["step"])
     auto.checks.append(event)

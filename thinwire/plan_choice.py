@@ -73,8 +73,9 @@ def load(plan) -> dict:
                     not isinstance(row.get("settings"), dict):
                 raise ValueError(f"plan: {where} needs candidate, algorithm (strings) and "
                                  f"settings (a dict), got {row!r}"[:300])
-            if row.get("time_to_target_s") is not None:
-                _finite(row["time_to_target_s"], f"{where}.time_to_target_s")
+            for field in ("time_to_target_s", "step_s"):
+                if row.get(field) is not None:
+                    _finite(row[field], f"{where}.{field}")
     if plan.get("inter_efficiency") is not None:
         _finite(plan["inter_efficiency"], "inter_efficiency")
     return plan
@@ -111,14 +112,16 @@ def hook_settings(row: dict) -> tuple[str, dict] | str:
     return row["algorithm"], dict(row["settings"])
 
 
-def predicted(plan: dict, bps: float) -> dict[str, float | None]:
-    """Each candidate's time to target at ``bps`` (interpolated between the plan's rates)."""
+def predicted(plan: dict, bps: float,
+              field: str = "time_to_target_s") -> dict[str, float | None]:
+    """Each candidate's ``field`` at ``bps`` (its time to target, or ``"step_s"``: a step's
+    time), interpolated between the plan's rates."""
     rates = sorted(plan["plans"], key=lambda p: p["inter_node_bps"])
     times: dict[str, list] = {}
     for at in rates:
         for row in at["rows"]:
             times.setdefault(row["candidate"], []).append(
-                (at["inter_node_bps"], row.get("time_to_target_s")))
+                (at["inter_node_bps"], row.get(field)))
     out = {}
     for name, points in times.items():
         below = [p for p in points if p[0] <= bps]
@@ -135,39 +138,93 @@ def predicted(plan: dict, bps: float) -> dict[str, float | None]:
     return out
 
 
-def choose(plan: dict, goodput_Bps: float, fits=None) -> tuple[str, dict, dict]:
-    """(algorithm, settings, the record) for the probed goodput. ``fits(algorithm,
-    settings)``: None where the caller's own settings suit that candidate, else why not (a
-    candidate they do not suit is passed over and named)."""
-    efficiency = plan.get("inter_efficiency") or 1.0
-    bps = goodput_Bps * 8 / efficiency
-    times = predicted(plan, bps)
+def nominal_bps(plan: dict, goodput_Bps: float) -> float:
+    """The plan's link rate for a probed goodput (over the calibration's inter_efficiency)."""
+    return goodput_Bps * 8 / (plan.get("inter_efficiency") or 1.0)
+
+
+def ranked_hooks(plan: dict, goodput_Bps: float, fits=None) -> tuple[list, list, list]:
+    """At the probed goodput: (the candidates a thinwire hook runs with the caller's settings,
+    fastest first, each ``(time to target, name, algorithm, settings)``; those ranked that no
+    hook runs; those the caller's settings do not suit), the last two as choose records them."""
+    times = predicted(plan, nominal_bps(plan, goodput_Bps))
     rows = {row["candidate"]: row for at in plan["plans"] for row in at["rows"]}
-    ranked = sorted((t, name) for name, t in times.items() if t is not None)
-    skipped, unsuited = [], []
-    for t, name in ranked:
+    runnable, skipped, unsuited = [], [], []
+    for t, name in sorted((t, name) for name, t in times.items() if t is not None):
         mapped = hook_settings(rows[name])
         if isinstance(mapped, str):
             skipped.append({"candidate": name, "time_to_target_s": t, "why": mapped})
             continue
-        algorithm, settings = mapped
-        why = fits(algorithm, settings) if fits is not None else None
+        why = fits(*mapped) if fits is not None else None
         if why is not None:
             unsuited.append({"candidate": name, "time_to_target_s": t, "why": why})
+            continue
+        runnable.append((t, name, *mapped))
+    return runnable, skipped, unsuited
+
+
+def choose(plan: dict, goodput_Bps: float, fits=None,
+           among: set | None = None) -> tuple[str, dict, dict]:
+    """(algorithm, settings, the record) for the probed goodput. ``fits(algorithm,
+    settings)``: None where the caller's own settings suit that candidate, else why not (a
+    candidate they do not suit is passed over and named). ``among``: only these candidates'
+    names (a pilot's switch to the one it measured)."""
+    bps = nominal_bps(plan, goodput_Bps)
+    runnable, skipped, unsuited = ranked_hooks(plan, goodput_Bps, fits)
+    ranked = sorted([(t, name) for t, name, *_ in runnable] +
+                    [(r["time_to_target_s"], r["candidate"]) for r in skipped + unsuited])
+    for t, name, algorithm, settings in runnable:
+        if among is not None and name not in among:
             continue
         rates = sorted(p["inter_node_bps"] for p in plan["plans"])
         return algorithm, settings, {
             "choice": name, "algorithm": algorithm, "settings": settings,
             "planned_at_bps": bps, "predicted_time_to_target_s": t,
             "inside_plan_rates": rates[0] <= bps <= rates[-1],
-            "ahead_but_not_a_thinwire_hook": skipped,
-            "ahead_but_not_for_your_settings": unsuited,
+            "ahead_but_not_a_thinwire_hook": [s for s in skipped if s["time_to_target_s"] <= t],
+            "ahead_but_not_for_your_settings": [u for u in unsuited
+                                                if u["time_to_target_s"] <= t],
             "runners_up": [{"candidate": n, "time_to_target_s": s}
                            for s, n in ranked if n != name][:3]}
     raise ValueError(f"plan: no candidate a thinwire hook runs with these settings reaches the "
                      f"target at {bps / 1e6:.0f} Mbit/s (ranked: "
                      f"{[n for _, n in ranked] or 'none'}; not for these settings: "
                      f"{[u['why'] for u in unsuited][:2] or 'none'})")
+
+
+# The pilot (thinwire.ddp.replan(every_s=..., pilot=N)): the plan's step times come from the
+# workload it was calibrated on, and a user's script of the same size steps otherwise (on
+# compare's MNIST CNN ddp-fp16 stepped 0.14 s and hitopk 0.19 s at 1 Gbit/s; on an MLP of the
+# same size hitopk was the faster). Candidates the plan puts within this factor of its choice
+# are measured on the script itself: the cost model's out-of-sample target is 20% a candidate,
+# so two candidates 1.5x apart in prediction can be either way round in fact.
+PILOT_WITHIN = 1.5
+# the pilot switches back to an earlier candidate only where it promises this much more than
+# the one running (a switch costs a dense flush; a pace is the median of a few steps)
+PILOT_MARGIN = 0.05
+
+
+def pilot_candidates(plan: dict, goodput_Bps: float, current: str, fits=None,
+                     within: float = PILOT_WITHIN) -> list[str]:
+    """The candidates, fastest first, that a pilot measures after ``current``: a hook runs
+    them with the caller's settings, the plan predicts their time to target within ``within``
+    times ``current``'s, and it has their step time (to scale by the measured one)."""
+    runnable, _, _ = ranked_hooks(plan, goodput_Bps, fits)
+    times = {name: t for t, name, *_ in runnable}
+    if current not in times:
+        return []
+    steps = predicted(plan, nominal_bps(plan, goodput_Bps), "step_s")
+    return [name for t, name, *_ in runnable if name != current and
+            t <= within * times[current] and steps.get(name) and steps.get(current)]
+
+
+def pilot_scores(plan: dict, goodput_Bps: float, paces: dict[str, float]) -> dict[str, float]:
+    """Each measured candidate's time to target with its measured pace: the plan's time to
+    target x (seconds a step measured / the plan's step time), i.e. the plan's steps to target
+    at the script's own pace."""
+    bps = nominal_bps(plan, goodput_Bps)
+    times, steps = predicted(plan, bps), predicted(plan, bps, "step_s")
+    return {name: times[name] * pace / steps[name] for name, pace in paces.items()}
 
 
 # A switch costs a flush (one dense step's bytes) and the new method's first steps: it must

@@ -28,3 +28,30 @@ def test_the_example_chooses_and_re_checks_the_link(tmp_path):
     assert got["first_choice"] == "ddp-fp16" == got["final_choice"]
     assert [c["step"] for c in got["checks"]] == [1, 2, 3, 4]  # every_s=0: due each step
     assert "auto chose ddp-fp16" in out.getvalue() and "4 steps in" in out.getvalue()
+
+
+def test_the_example_pilots_the_runner_up_on_its_own_steps(tmp_path):
+    plan_dict = plan_of(nodes=2, ranks_per_node=1)
+    for at in plan_dict["plans"]:  # ddp within 1.5x of ddp-fp16 at every rate: piloted
+        for row in at["rows"]:
+            row["step_s"] = row["time_to_target_s"] / 100
+        at["rows"].append({"candidate": "ddp", "algorithm": "ddp", "settings": {},
+                           "time_to_target_s": 5.0, "step_s": 0.05})
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(plan_dict))
+    record = tmp_path / "record.json"
+    out = io.StringIO()
+    status = run(ClusterSpec(nodes=2, ranks_per_node=1, shaping=False),
+                 [str(ROOT / "examples" / "ddp_auto_replan.py"), "--plan", str(plan),
+                  "--steps", "14", "--replan-every-s", "3600", "--pilot", "1",
+                  "--json", str(record)], timeout_s=180, output=out)
+    assert status == 0, out.getvalue()[-3000:]
+    got = json.loads(record.read_text())
+    assert got["first_choice"] == "ddp-fp16"
+    # ddp-fp16's pace over steps 2-6, then ddp's over 8-12, then the decision
+    assert [(c["step"], c["measured"]) for c in got["checks"]] == [(6, "ddp-fp16"), (12, "ddp")]
+    decided = got["checks"][-1]
+    assert set(decided["paces"]) == {"ddp-fp16", "ddp"} and decided["best"] in decided["paces"]
+    # the faster kept, or the one running where the other promised under PILOT_MARGIN more
+    assert got["final_choice"] == decided["chosen"] in decided["paces"]
+    assert "pilot: switched to ddp" in out.getvalue()

@@ -121,3 +121,49 @@ def timed_replan(rank, world, plan):
         answers.append(thinwire.ddp.replan(model, every_s=3600.0))
     answers.append(thinwire.ddp.replan(model, every_s=0.0))  # due at once
     return answers
+
+
+def piloted_replan(rank, world, plan, step_s):
+    """register(..., "auto") and 14 steps of a linear model with replan(every_s=3600, pilot=1)
+    after each, on a scripted clock: a step of candidate algorithm A takes ``step_s[A]``
+    seconds (rank 0's clock decides what is due). No optimizer step: the gradients are
+    comparable across steps for the conservation check."""
+    import copy
+    import types
+
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import thinwire.ddp
+    from thinwire import ddp_auto, link_probe
+
+    def probe(*args, **kwargs):
+        return {"nodes": world, "goodput_Bps": 12.5e6 / 8, "trusted": True,
+                "bound_by": "link", "why": "scripted"}
+    link_probe.probe_inter_node = probe  # this rank's process only
+    clock = [0.0]
+    ddp_auto.time = types.SimpleNamespace(perf_counter=lambda: clock[0])
+
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(64, 16))
+    thinwire.ddp.register(model, "auto", plan=plan, ranks_per_node=1, dense_below_bytes=0)
+    torch.manual_seed(1 + rank)
+    own, synced, events, algorithms = [], [], [], []
+    for _ in range(14):
+        x = torch.randn(32, 64)
+        alone = copy.deepcopy(model.module)
+        alone(x).square().sum().backward()
+        own.append(torch.cat([alone.weight.grad.reshape(-1), alone.bias.grad]))
+        algorithms.append(thinwire.ddp.state_of(model).algorithm)
+        model(x).square().sum().backward()
+        synced.append(torch.cat([model.module.weight.grad.reshape(-1), model.module.bias.grad]))
+        model.module.zero_grad(set_to_none=True)
+        clock[0] += step_s[algorithms[-1]]
+        events.append(thinwire.ddp.replan(model, every_s=3600.0, pilot=1))
+    flushed, _ = thinwire.ddp.flush_residuals(model)
+    held = torch.zeros_like(synced[0]) if flushed is None else torch.cat(
+        [f.reshape(-1) if f is not None else torch.zeros(p.numel())
+         for f, p in zip(flushed, model.module.parameters())])
+    return {"own": torch.stack(own), "synced": torch.stack(synced), "held": held,
+            "events": events, "algorithms": algorithms,
+            "auto": thinwire.ddp.state_of(model).auto}

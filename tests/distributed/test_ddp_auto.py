@@ -5,12 +5,14 @@ gradients are the ranks' average; ranks whose plans would choose differently all
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from harness import run_ranks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_plan_choice import plan_of  # noqa: E402
+from thinwire.ddp_auto import PACE_CALLS  # noqa: E402
 
 import auto_workers  # noqa: E402
 
@@ -86,3 +88,47 @@ def test_a_timed_replan_checks_only_where_rank_0_says_it_is_due():
         assert answers[:3] == [None, None, None]
         assert answers[3]["kept"] == "hitopk d=0.05" and answers[3]["step"] == 3
         assert answers[3]["due"] == "clock"
+
+
+def _close_pair_plan():
+    """hitopk (10 s to target, 0.1 s a step) and the fp32 all-reduce (13 s, 0.13 s) at every
+    rate: the all-reduce is inside the pilot's bound (1.5x), ddp-fp16 (40 s) is not."""
+    plan = plan_of()
+    for at in plan["plans"]:
+        for row in at["rows"]:
+            if row["algorithm"] == "hitopk":
+                row.update(time_to_target_s=10.0, step_s=0.1)
+            elif row["algorithm"] == "ddp-fp16":
+                row.update(time_to_target_s=40.0, step_s=0.2)
+            else:
+                row.update(time_to_target_s=30.0)  # PowerSGD: no hook, never piloted
+        at["rows"].append({"candidate": "ddp", "algorithm": "ddp", "settings": {},
+                           "time_to_target_s": 13.0, "step_s": 0.13})
+    return plan
+
+
+@pytest.mark.parametrize("step_s, final", [
+    ({"hitopk": 0.2, "allreduce": 0.1}, "allreduce"),  # the script's all-reduce is faster
+    ({"hitopk": 0.1, "allreduce": 0.2}, "hitopk"),     # the plan was right: back to hitopk
+])
+def test_a_pilot_measures_the_runner_up_and_keeps_the_faster_on_this_script(step_s, final):
+    results = run_ranks(auto_workers.piloted_replan, 2, _close_pair_plan(), step_s)
+    for r in results:
+        due = [(i + 1, e["due"]) for i, e in enumerate(r["events"]) if e is not None]
+        assert due == [(PACE_CALLS + 1, "pilot"), (2 * PACE_CALLS + 2, "pilot")], due
+        first, decided = (e for e in r["events"] if e is not None)
+        assert first["measured"] == "hitopk d=0.05" and first["switched_to"] == "ddp"
+        assert first["pace_s"] == pytest.approx(step_s["hitopk"])
+        assert decided["paces"] == pytest.approx({"hitopk d=0.05": step_s["hitopk"],
+                                                  "ddp": step_s["allreduce"]})
+        # the plan's steps (100) at the measured pace, against the all-reduce's 100 steps
+        assert decided["predicted_at_pace_s"]["hitopk d=0.05"] == \
+            pytest.approx(100 * step_s["hitopk"])
+        assert r["algorithms"][-1] == final and ("switched_to" in decided) == (final == "hitopk")
+        best = "ddp" if final == "allreduce" else "hitopk d=0.05"
+        assert r["auto"]["pilot"]["best"] == best == r["auto"]["pilot"]["chosen"]
+    # conservation through both switches: delivered + still held = the ranks' dense average
+    delivered = results[0]["synced"].sum(0) + results[0]["held"]
+    expected = (results[0]["own"].sum(0) + results[1]["own"].sum(0)) / 2
+    torch.testing.assert_close(delivered, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(results[0]["synced"], results[1]["synced"])

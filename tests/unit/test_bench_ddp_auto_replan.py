@@ -17,7 +17,7 @@ def _args(tmp_path, **changes):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(plan_of()))
     values = dict(plan=str(plan), fixed=[], bandwidth_schedule="0s:1gbit,20s:25mbit",
-                  steps=10, replan_every_s=10.0, timeout=60.0, json=None,
+                  steps=10, replan_every_s=10.0, pilot=2, timeout=60.0, json=None,
                   example=str(ddp_auto_replan.EXAMPLE))
     values.update(changes)
     return argparse.Namespace(**values)

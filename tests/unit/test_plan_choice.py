@@ -278,3 +278,69 @@ def test_steps_of_no_measurable_time_are_never_a_jump():
     auto.checked(0.0)
     calls = [auto.due_at(0.0, every_s=10.0, share=0.3) for _ in range(3 * PACE_CALLS)]
     assert not any(calls) and auto.pace == 0.0
+
+
+def _with_steps(plan):
+    """plan_of with step times (time to target / 100 steps) and an fp32 all-reduce at 1.2x
+    hitopk's time at 25 Mbit/s."""
+    for at in plan["plans"]:
+        for row in at["rows"]:
+            row["step_s"] = row["time_to_target_s"] / 100
+        at["rows"].append(_row("ddp", "ddp", {}, 12.0 if at["inter_node_bps"] == 25e6 else 9.0))
+        at["rows"][-1]["step_s"] = at["rows"][-1]["time_to_target_s"] / 100
+    return plan
+
+
+def test_a_pilot_lists_the_hooks_the_plan_puts_within_its_bound_fastest_first():
+    plan = _with_steps(plan_of())
+    at_25 = 12.5e6 / 8  # 25 Mbit/s nominal: hitopk 10, ddp 12, PowerSGD 12 (no hook), fp16 40
+    assert plan_choice.pilot_candidates(plan, at_25, "hitopk d=0.05") == ["ddp"]
+    assert plan_choice.pilot_candidates(plan, at_25, "hitopk d=0.05", within=5.0) == \
+        ["ddp", "ddp-fp16"]
+    assert plan_choice.pilot_candidates(plan, at_25, "hitopk d=0.05", within=1.1) == []
+    plan["plans"][0]["rows"][-1].pop("step_s")  # no step time at 25 Mbit/s: nothing to scale
+    assert plan_choice.pilot_candidates(plan, at_25, "hitopk d=0.05") == []
+    # the caller's settings that do not suit the all-reduce keep it out
+    assert plan_choice.pilot_candidates(
+        _with_steps(plan_of()), at_25, "hitopk d=0.05",
+        fits=lambda algorithm, settings: None if algorithm == "hitopk" else "sparse only") == []
+
+
+def test_a_pilot_scores_each_candidate_as_the_plans_steps_at_its_measured_pace():
+    plan = _with_steps(plan_of())
+    scores = plan_choice.pilot_scores(plan, 12.5e6 / 8, {"hitopk d=0.05": 0.3, "ddp": 0.15})
+    assert scores == pytest.approx({"hitopk d=0.05": 30.0, "ddp": 15.0})  # 100 steps each
+
+
+def test_choose_among_names_the_candidate_asked_for_with_its_record():
+    plan = _with_steps(plan_of())
+    algorithm, settings, record = plan_choice.choose(plan, 12.5e6 / 8, among={"ddp"})
+    assert (algorithm, settings, record["choice"]) == ("allreduce", {}, "ddp")
+    assert record["predicted_time_to_target_s"] == pytest.approx(12.0)
+
+
+def test_a_pilot_holds_the_other_checks_and_is_due_once_the_pace_is_set():
+    from thinwire.ddp_auto import AutoContext
+
+    auto = AutoContext(plan_of(), {}, 1e6, None)
+    auto.checked(0.0)
+    auto.piloting = True
+    now, calls = 0.0, []
+    for step_s in [0.1] * PACE_CALLS + [5.0]:  # a jump and the clock inside the pilot: held
+        now += step_s
+        calls.append(auto.due_at(now, every_s=1.0, share=0.3))
+    assert calls == [False] * PACE_CALLS + [True] and auto.due_why == "pilot"
+    assert auto.pace == pytest.approx(0.1)  # the median shrugs off the one long step
+
+
+@pytest.mark.parametrize("pilot", [-1, 1.5, True, "2"])
+def test_replan_refuses_a_bad_pilot(world_of_one, pilot):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import thinwire.ddp
+
+    model = DDP(torch.nn.Linear(2, 2))
+    thinwire.ddp.register(model, "allreduce")  # the values are checked before the model
+    with pytest.raises(ValueError, match=f"pilot must be an integer >= 0 .*got {pilot!r}"):
+        thinwire.ddp.replan(model, every_s=1.0, pilot=pilot)

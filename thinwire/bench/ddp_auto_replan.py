@@ -10,8 +10,9 @@ Runs ``examples/ddp_auto_replan.py`` on the emulated cluster once with auto (``r
 "auto")`` and ``replan(every_s=...)`` after each step) and once per fixed candidate of the plan,
 one after the other, under the same schedule (counted from each job's start). A row per run:
 the seconds from registering the hook to the last step (``train_s``: auto's first probe, its
-checks and switches included), that over auto's (``vs_auto``), its first and last choice
-and, for auto, its checks and where it switched. The script's model is an MLP of the plan's
+checks, its pilot and its switches included), that over auto's (``vs_auto``), its first and
+last choice and, for auto, the candidates its pilot measured, its checks and where the link
+made it switch. The script's model is an MLP of the plan's
 model's size on random data: the race measures the steps' time, not a learning curve.
 """
 
@@ -27,26 +28,31 @@ from thinwire.cliargs import integer
 
 # in a source checkout; elsewhere give --example
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_auto_replan.py"
-COLUMNS = ("run", "status", "train_s", "vs_auto", "first_choice", "final_choice", "checks",
-           "switched_at_step", "switched_at_s")
+COLUMNS = ("run", "status", "train_s", "vs_auto", "first_choice", "piloted", "final_choice",
+           "checks", "switched_at_step", "switched_at_s")
 
 
-def _one(spec, example: Path, plan: str, steps: int, every_s: float, fixed: str | None,
-         timeout_s: float) -> dict:
+def _one(spec, example: Path, plan: str, steps: int, every_s: float, pilot: int,
+         fixed: str | None, timeout_s: float) -> dict:
     from thinwire.cluster import run as cluster_run
 
     with tempfile.TemporaryDirectory() as out:
         record_path = Path(out) / "record.json"
         argv = [str(example), "--plan", plan, "--steps", str(steps), "--replan-every-s",
-                str(every_s), "--json", str(record_path)] + (["--fixed", fixed] if fixed else [])
+                str(every_s), "--pilot", str(pilot), "--json", str(record_path)] + \
+            (["--fixed", fixed] if fixed else [])
         log = io.StringIO()
         status = cluster_run(spec, argv, timeout_s=timeout_s, output=log)
         record = json.loads(record_path.read_text()) if record_path.is_file() else {}
     if status == 0 and not record:  # it ended well but left no record: not a result
         status = 1
-    switches = [c for c in record.get("checks", []) if "switched_to" in c]
+    checks = record.get("checks", [])
+    # the link's switches (a pilot's are its measuring, counted apart)
+    switches = [c for c in checks if "switched_to" in c and not c.get("pilot")]
+    piloted = [c["measured"] for c in checks if c.get("pilot")]
     return {"run": fixed or "auto", "status": status, "train_s": record.get("train_s"),
             "first_choice": record.get("first_choice"),
+            "piloted": " / ".join(piloted) if piloted else None,
             "final_choice": record.get("final_choice"),
             "checks": len(record.get("checks", [])),
             "switched_at_step": switches[0]["step"] if switches else None,
@@ -78,14 +84,15 @@ def run(args) -> int:
     spec = ClusterSpec(nodes=plan["nodes"], ranks_per_node=plan["ranks_per_node"],
                        inter_node_bandwidth=first_rate,
                        bandwidth_schedule=args.bandwidth_schedule)
-    rows = [_one(spec, example, args.plan, args.steps, args.replan_every_s, fixed, args.timeout)
-            for fixed in [None, *args.fixed]]
+    rows = [_one(spec, example, args.plan, args.steps, args.replan_every_s, args.pilot, fixed,
+                 args.timeout) for fixed in [None, *args.fixed]]
     auto_s = rows[0]["train_s"]
     for row in rows:
         row["vs_auto"] = row["train_s"] / auto_s if row["train_s"] and auto_s else None
     print(format_table(rows, COLUMNS))
     save_if_asked(args.json, {"rows": rows, "setting": {
         "plan": args.plan, "steps": args.steps, "replan_every_s": args.replan_every_s,
+        "pilot": args.pilot,
         "bandwidth_schedule": args.bandwidth_schedule, "nodes": plan["nodes"],
         "ranks_per_node": plan["ranks_per_node"]}})
     return max(row["status"] for row in rows)
@@ -103,6 +110,9 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--steps", type=integer(1), default=200, help="steps each run trains")
     parser.add_argument("--replan-every-s", type=float, default=10.0,
                         help="auto's seconds between checks (sooner where the pace moved)")
+    parser.add_argument("--pilot", type=integer(0), default=2,
+                        help="auto's runners-up measured on the script after each plan "
+                             "choice (0: none)")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per run")
     parser.add_argument("--example", default=str(EXAMPLE),
                         help="the script it runs (default: this checkout's "

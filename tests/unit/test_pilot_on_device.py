@@ -1,0 +1,80 @@
+"""thinwire.ddp.replan's pilot where the gradients live (issue 31 on issue 30's devices): the
+switches it makes to measure a runner-up and back flush the residuals on the gradient's device,
+and what the steps delivered plus what is still held is every step's gradient (sent + kept =
+corrected). A world of one on a scripted clock; on CUDA when the `device` tool lends a GPU
+(NCCL), else on the CPU (gloo), so the test's logic stays covered in CI."""
+
+from __future__ import annotations
+
+import copy
+import sys
+import types
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import thinwire.ddp
+from thinwire import ddp_auto
+from thinwire.ddp import _context_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_plan_choice import _with_steps, plan_of  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda") if HAS_CUDA else torch.device("cpu")
+BACKEND = "cpu:gloo,cuda:nccl" if HAS_CUDA else "gloo"
+
+
+@pytest.mark.parametrize("world_of_one", [BACKEND], indirect=True)
+@pytest.mark.parametrize("step_s, final", [
+    ({"hitopk": 0.2, "allreduce": 0.1}, "allreduce"),
+    ({"hitopk": 0.1, "allreduce": 0.2}, "hitopk"),
+])
+def test_the_pilot_switches_and_back_on_the_device_and_delivers_every_gradient(
+        world_of_one, monkeypatch, step_s, final):
+    clock = [0.0]
+    monkeypatch.setattr(ddp_auto, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(),
+                                    torch.nn.Linear(32, 8)).to(DEVICE))
+    settings = {"dense_below_bytes": 0}  # these small buckets compressed, not sent dense
+    plan = _with_steps(plan_of(nodes=1))  # hitopk 10 s, the fp32 all-reduce 12 s: piloted
+    algorithm, chosen = plan_choice_hook(plan, "hitopk d=0.05")
+    state = thinwire.ddp.register(model, algorithm, **chosen, **settings, ranks_per_node=1)
+    state.auto = {"choice": "hitopk d=0.05", "probe": None}
+    # what registering with algorithm="auto" keeps (its probe needs 2 nodes; this is one)
+    _context_of(model).auto = ddp_auto.AutoContext(plan, settings, 12.5e6 / 8, DEVICE)
+    reference = copy.deepcopy(model.module)
+    g = torch.Generator().manual_seed(1)
+    delivered = [torch.zeros_like(p) for p in model.parameters()]
+    events = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a hierarchical method on one node
+        for _ in range(2 * ddp_auto.PACE_CALLS + 3):
+            x = torch.randn(16, 64, generator=g).to(DEVICE)
+            reference(x).square().sum().backward()
+            model(x).square().sum().backward()
+            for total, p in zip(delivered, model.parameters()):
+                total += p.grad
+            model.zero_grad(set_to_none=True)
+            clock[0] += step_s[thinwire.ddp.state_of(model).algorithm]
+            events.append(thinwire.ddp.replan(model, every_s=3600.0, pilot=1))
+        flushed, _ = thinwire.ddp.flush_residuals(model)
+    assert [e["measured"] for e in events if e] == ["hitopk d=0.05", "ddp"]
+    assert thinwire.ddp.state_of(model).algorithm == final
+    for total, held, want in zip(delivered, flushed or [None] * len(delivered),
+                                 reference.parameters()):
+        assert total.device.type == DEVICE.type
+        got = total + (held if held is not None else 0)
+        torch.testing.assert_close(got.cpu(), want.grad.cpu(), rtol=1e-4, atol=1e-4)
+    assert (flushed is None) == (final == "allreduce")  # hitopk holds mass back; dense none
+
+
+def plan_choice_hook(plan: dict, name: str):
+    from thinwire import plan_choice
+
+    row = next(r for at in plan["plans"] for r in at["rows"] if r["candidate"] == name)
+    return plan_choice.hook_settings(row)
