@@ -115,9 +115,11 @@ def replan(ddp_model: DistributedDataParallel, *, share: float = 0.3,
     to checkpoint afterwards is :func:`state_of` ``(ddp_model)`` (a new one after a switch).
 
     ``every_s``: call it after every step; it checks only every ``every_s`` seconds (rank 0's
-    clock), or at once where the pace of the last few steps moved by more than ``share`` (a
-    link that slowed shows so before any clock), and returns None otherwise. Each call costs
-    a two-number broadcast.
+    clock; the interval doubles after each check that found the link steady, up to 8 times,
+    and is ``every_s`` again once one finds it moved), or at once where one step took twice
+    the pace or the pace of the last few steps moved by more than ``share`` (a link that
+    slowed shows so before any clock), and returns None otherwise. Each call costs a
+    two-number broadcast.
 
     ``pilot`` (with ``every_s``; 0 turns it off): the plan's step times come from the model it
     was calibrated on, not from yours. After each choice the plan makes (at registration, and

@@ -51,6 +51,12 @@ PACE_CALLS = 5  # calls of replan(every_s=...) whose median interval is a step's
 # step shows as a jump (1 Gbit/s -> 25 Mbit/s made ddp-fp16's MNIST step 11x longer), and
 # waiting for the median to move cost 3 such steps; a smaller change waits for the median
 JUMP = 2.0
+# the clock's interval doubles after each check that found the link where it was, up to this
+# many times every_s (and is every_s again after one that found it moved): at 25 Mbit/s a
+# check costs about 0.45 s, 4.5% of a 10 s clock, while the pace and jump triggers, which cost
+# nothing, see a change of a wire-bound step first (the library race: 4 clock checks after the
+# fall, every one of them keeping hitopk)
+CLOCK_BACKOFF_MAX = 8
 
 
 class AutoContext:
@@ -76,6 +82,7 @@ class AutoContext:
         # evaluation every few steps would otherwise probe at each); on again after a clock
         # check or a switch
         self.jump_armed = True
+        self.clock_backoff = 1  # the clock waits every_s times this (CLOCK_BACKOFF_MAX)
         # the pilot (replan(every_s=..., pilot=N)): the candidates still to measure after the
         # current one (None: not yet listed for the current plan choice), each measured one's
         # pace, and whether a pilot is under way (it holds the other checks)
@@ -85,7 +92,8 @@ class AutoContext:
 
     def due_at(self, now: float, every_s: float, share: float) -> bool:
         """Whether a check is due at ``now`` (rank 0's ``time.perf_counter()``, at a call of
-        replan): ``every_s`` seconds since the last check ended ("clock"); the last interval
+        replan): ``every_s`` seconds (times ``clock_backoff``: :meth:`checked`) since the
+        last check ended ("clock"); the last interval
         alone at least ``JUMP`` times the pace after the last check ("jump"); or the pace (the
         median seconds between the last ``PACE_CALLS`` calls) moved by more than ``share``
         from it ("pace"): how a link change shows first, whatever ``every_s``. The first
@@ -102,7 +110,7 @@ class AutoContext:
             if len(self.recent) == PACE_CALLS and self.pace is None:
                 self.pace = statistics.median(self.recent)
                 self.due_why = "pilot"
-        elif now - self.last_check_s >= every_s:
+        elif now - self.last_check_s >= every_s * self.clock_backoff:
             self.due_why = "clock"
         elif len(self.recent) == PACE_CALLS:
             pace = statistics.median(self.recent)
@@ -114,11 +122,19 @@ class AutoContext:
                 self.due_why = "pace"
         return self.due_why is not None
 
-    def checked(self, now: float, why: str = "call", switched: bool = False) -> None:
+    def checked(self, now: float, why: str = "call", switched: bool = False,
+                steady: bool | None = None) -> None:
         """A check (due for ``why``) ended at ``now``: the clock and the pace start again (the
         interval that holds the check is not a step's pace); a jump whose check kept the
-        choice disarms the jump trigger until a clock check or a switch."""
+        choice disarms the jump trigger until a clock check or a switch. ``steady``: the
+        check's probe found the link within ``share`` of the plan's rate (the clock's interval
+        doubles, up to ``CLOCK_BACKOFF_MAX``), or moved (back to ``every_s``); None: no
+        evidence either way (a pilot's check, a probe the host bound)."""
         self.last_check_s, self.last_call_s, self.recent, self.pace = now, None, [], None
+        if switched or steady is False:
+            self.clock_backoff = 1
+        elif steady:
+            self.clock_backoff = min(2 * self.clock_backoff, CLOCK_BACKOFF_MAX)
         if why == "jump" and not switched:
             self.jump_armed = False
         elif why == "clock" or switched:
@@ -226,7 +242,10 @@ def replan(ddp_model, context, share: float = 0.3,
             return event
     event = dict(_check(context, auto, share, min_gain), due=why)
     auto.checks[-1] = event
-    auto.checked(time.perf_counter(), why, "switched_to" in event)
+    # a trusted probe inside the share: steady; one that moved the plan's rate: not
+    evidence = "change" in event and "reason" not in event
+    auto.checked(time.perf_counter(), why, "switched_to" in event,
+                 (evidence and "planned_at_bps" not in event) if evidence else None)
     return event
 
 

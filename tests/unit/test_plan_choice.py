@@ -344,3 +344,23 @@ def test_replan_refuses_a_bad_pilot(world_of_one, pilot):
     thinwire.ddp.register(model, "allreduce")  # the values are checked before the model
     with pytest.raises(ValueError, match=f"pilot must be an integer >= 0 .*got {pilot!r}"):
         thinwire.ddp.replan(model, every_s=1.0, pilot=pilot)
+
+
+def test_the_clock_backs_off_while_the_link_holds_and_returns_once_it_moved():
+    from thinwire.ddp_auto import CLOCK_BACKOFF_MAX, AutoContext
+
+    auto = AutoContext(plan_of(), {}, 1e6, None)
+    auto.checked(0.0)
+    waits, now = [], 0.0
+    for steady in [True, True, True, True, None, False]:
+        began = now
+        while not auto.due_at(now, every_s=10.0, share=0.3):
+            now += 1.0  # steps of a steady second: only the clock can be due
+        assert auto.due_why == "clock"
+        waits.append(now - began)
+        auto.checked(now, "clock", steady=steady)
+    # 10 s, then doubled by each steady check up to CLOCK_BACKOFF_MAX; no evidence keeps it
+    assert CLOCK_BACKOFF_MAX == 8 and waits == [10.0, 20.0, 40.0, 80.0, 80.0, 80.0]
+    assert auto.clock_backoff == 1  # the last check found the link moved
+    auto.checked(now, "pace", switched=True)
+    assert auto.clock_backoff == 1
