@@ -87,8 +87,11 @@ class AutoContext:
         # current one (None: not yet listed for the current plan choice), each measured one's
         # pace, and whether a pilot is under way (it holds the other checks)
         self.pilot_queue: list[str] | None = None
-        self.pilot_paces: dict[str, float] = {}
         self.piloting = False
+        # every pace a pilot measured: candidate -> [(the plan's nominal bps then, seconds a
+        # step)]; near that rate it stands for the plan's step time (a link that comes back to
+        # a rate already piloted is not piloted again)
+        self.measured: dict[str, list[tuple[float, float]]] = {}
 
     def due_at(self, now: float, every_s: float, share: float) -> bool:
         """Whether a check is due at ``now`` (rank 0's ``time.perf_counter()``, at a call of
@@ -230,8 +233,9 @@ def replan(ddp_model, context, share: float = 0.3,
     if every_s is not None:
         if auto.pilot_queue is None:  # a new plan choice: list its pilot (alike on every rank)
             auto.pilot_queue = plan_choice.pilot_candidates(
-                auto.plan, auto.basis_Bps, context.state.auto["choice"], auto.fits)[:pilot]
-            auto.pilot_paces, auto.piloting = {}, bool(auto.pilot_queue)
+                auto.plan, auto.basis_Bps, context.state.auto["choice"], auto.fits,
+                measured=auto.measured)[:pilot]
+            auto.piloting = bool(auto.pilot_queue)
         why, pace = _due(auto, every_s, share)
         if why is None:
             return None
@@ -270,20 +274,24 @@ def _due(auto: AutoContext, every_s: float, share: float) -> tuple[str | None, f
 def _pilot(context, auto: AutoContext, pace: float) -> dict:
     """The current candidate's pace is set: record it, then switch to the next candidate to
     measure, or, all measured, keep the one whose plan steps at its measured pace reach the
-    target soonest (switching to it where it is not the one running and promises more than
+    target soonest, among this pilot's and those an earlier pilot measured near this rate
+    (switching to it where it is not the one running and promises more than
     ``plan_choice.PILOT_MARGIN``). Every rank decides alike from rank 0's broadcast pace."""
     state = context.state
     current = state.auto["choice"]
-    auto.pilot_paces[current] = pace
+    bps = plan_choice.nominal_bps(auto.plan, auto.basis_Bps)
+    auto.measured.setdefault(current, []).append((bps, pace))
     event = {"pilot": True, "measured": current, "pace_s": pace, "step": state.steps}
     target = None
     if auto.pilot_queue:
         target = auto.pilot_queue.pop(0)
     else:
         auto.piloting = False
-        scores = plan_choice.pilot_scores(auto.plan, auto.basis_Bps, auto.pilot_paces)
+        # this pilot's candidates and any an earlier pilot measured near this rate
+        scores = plan_choice.measured_scores(auto.plan, auto.basis_Bps, auto.measured)
         best = min(scores, key=scores.get)
-        event.update(paces=dict(auto.pilot_paces), predicted_at_pace_s=scores, best=best)
+        event.update(paces=plan_choice.measured_near(auto.measured, bps),
+                     predicted_at_pace_s=scores, best=best)
         if best != current and scores[current] > scores[best] * (1 + plan_choice.PILOT_MARGIN):
             target = best
         event["chosen"] = target or current
@@ -330,7 +338,8 @@ def _check(context, auto: AutoContext, share: float, min_gain: float) -> dict:
     else:
         try:
             event, switch = plan_choice.decide_switch(auto.plan, current, auto.basis_Bps,
-                                                      probe, share, min_gain, auto.fits)
+                                                      probe, share, min_gain, auto.fits,
+                                                      auto.measured)
         except ValueError as exc:  # no candidate at the new rate: training goes on as it is
             event = {"goodput_Bps": probe["goodput_Bps"], "kept": current, "reason": str(exc)}
         if "planned_at_bps" in event:

@@ -143,11 +143,44 @@ def nominal_bps(plan: dict, goodput_Bps: float) -> float:
     return goodput_Bps * 8 / (plan.get("inter_efficiency") or 1.0)
 
 
-def ranked_hooks(plan: dict, goodput_Bps: float, fits=None) -> tuple[list, list, list]:
+# a pace a pilot measured stands for its candidate at rates within this factor of the one it
+# was measured at (replan's default share: a link that moved less is not re-planned either)
+MEASURED_WITHIN = 1.3
+
+
+def measured_near(measured: dict | None, bps: float) -> dict[str, float]:
+    """From ``measured`` (candidate -> [(nominal bps, seconds a step)], what pilots measured on
+    this run), each candidate's pace measured nearest to ``bps``, within MEASURED_WITHIN."""
+    out = {}
+    for name, points in (measured or {}).items():
+        near = [(abs(math.log(at / bps)), pace) for at, pace in points
+                if abs(math.log(at / bps)) <= math.log(MEASURED_WITHIN)]
+        if near:
+            out[name] = min(near)[1]
+    return out
+
+
+def expected_times(plan: dict, bps: float, measured: dict | None = None) -> dict:
+    """Each candidate's time to target at ``bps``: the plan's, or, for one a pilot measured
+    near this rate, the plan's steps to target at its measured pace (the plan's time x
+    measured / predicted seconds a step)."""
+    times = predicted(plan, bps)
+    paces = measured_near(measured, bps)
+    if paces:
+        steps = predicted(plan, bps, "step_s")
+        for name, pace in paces.items():
+            if times.get(name) and steps.get(name):
+                times[name] = times[name] * pace / steps[name]
+    return times
+
+
+def ranked_hooks(plan: dict, goodput_Bps: float, fits=None,
+                 measured: dict | None = None) -> tuple[list, list, list]:
     """At the probed goodput: (the candidates a thinwire hook runs with the caller's settings,
     fastest first, each ``(time to target, name, algorithm, settings)``; those ranked that no
-    hook runs; those the caller's settings do not suit), the last two as choose records them."""
-    times = predicted(plan, nominal_bps(plan, goodput_Bps))
+    hook runs; those the caller's settings do not suit), the last two as choose records them.
+    ``measured``: paces pilots measured on this run (:func:`expected_times`)."""
+    times = expected_times(plan, nominal_bps(plan, goodput_Bps), measured)
     rows = {row["candidate"]: row for at in plan["plans"] for row in at["rows"]}
     runnable, skipped, unsuited = [], [], []
     for t, name in sorted((t, name) for name, t in times.items() if t is not None):
@@ -163,14 +196,15 @@ def ranked_hooks(plan: dict, goodput_Bps: float, fits=None) -> tuple[list, list,
     return runnable, skipped, unsuited
 
 
-def choose(plan: dict, goodput_Bps: float, fits=None,
-           among: set | None = None) -> tuple[str, dict, dict]:
+def choose(plan: dict, goodput_Bps: float, fits=None, among: set | None = None,
+           measured: dict | None = None) -> tuple[str, dict, dict]:
     """(algorithm, settings, the record) for the probed goodput. ``fits(algorithm,
     settings)``: None where the caller's own settings suit that candidate, else why not (a
     candidate they do not suit is passed over and named). ``among``: only these candidates'
-    names (a pilot's switch to the one it measured)."""
+    names (a pilot's switch to the one it measured). ``measured``: paces pilots measured on
+    this run, which stand for the plan's step times near their rates."""
     bps = nominal_bps(plan, goodput_Bps)
-    runnable, skipped, unsuited = ranked_hooks(plan, goodput_Bps, fits)
+    runnable, skipped, unsuited = ranked_hooks(plan, goodput_Bps, fits, measured)
     ranked = sorted([(t, name) for t, name, *_ in runnable] +
                     [(r["time_to_target_s"], r["candidate"]) for r in skipped + unsuited])
     for t, name, algorithm, settings in runnable:
@@ -181,6 +215,7 @@ def choose(plan: dict, goodput_Bps: float, fits=None,
             "choice": name, "algorithm": algorithm, "settings": settings,
             "planned_at_bps": bps, "predicted_time_to_target_s": t,
             "inside_plan_rates": rates[0] <= bps <= rates[-1],
+            "measured_here": sorted(measured_near(measured, bps)),
             "ahead_but_not_a_thinwire_hook": [s for s in skipped if s["time_to_target_s"] <= t],
             "ahead_but_not_for_your_settings": [u for u in unsuited
                                                 if u["time_to_target_s"] <= t],
@@ -205,26 +240,28 @@ PILOT_MARGIN = 0.05
 
 
 def pilot_candidates(plan: dict, goodput_Bps: float, current: str, fits=None,
-                     within: float = PILOT_WITHIN) -> list[str]:
+                     within: float = PILOT_WITHIN, measured: dict | None = None) -> list[str]:
     """The candidates, fastest first, that a pilot measures after ``current``: a hook runs
-    them with the caller's settings, the plan predicts their time to target within ``within``
-    times ``current``'s, and it has their step time (to scale by the measured one)."""
-    runnable, _, _ = ranked_hooks(plan, goodput_Bps, fits)
+    them with the caller's settings, their time to target (:func:`expected_times`) is within
+    ``within`` times ``current``'s, the plan has their step time (to scale by the measured
+    one), and no pilot of this run measured them near this rate already."""
+    runnable, _, _ = ranked_hooks(plan, goodput_Bps, fits, measured)
     times = {name: t for t, name, *_ in runnable}
     if current not in times:
         return []
-    steps = predicted(plan, nominal_bps(plan, goodput_Bps), "step_s")
-    return [name for t, name, *_ in runnable if name != current and
+    bps = nominal_bps(plan, goodput_Bps)
+    steps, known = predicted(plan, bps, "step_s"), measured_near(measured, bps)
+    return [name for t, name, *_ in runnable if name != current and name not in known and
             t <= within * times[current] and steps.get(name) and steps.get(current)]
 
 
-def pilot_scores(plan: dict, goodput_Bps: float, paces: dict[str, float]) -> dict[str, float]:
-    """Each measured candidate's time to target with its measured pace: the plan's time to
-    target x (seconds a step measured / the plan's step time), i.e. the plan's steps to target
-    at the script's own pace."""
+def measured_scores(plan: dict, goodput_Bps: float, measured: dict) -> dict[str, float]:
+    """The time to target of each candidate measured near the probed rate, at its measured
+    pace: the plan's steps to target x the seconds a step measured (:func:`expected_times`)."""
     bps = nominal_bps(plan, goodput_Bps)
-    times, steps = predicted(plan, bps), predicted(plan, bps, "step_s")
-    return {name: times[name] * pace / steps[name] for name, pace in paces.items()}
+    times = expected_times(plan, bps, measured)
+    return {name: times[name] for name in measured_near(measured, bps)
+            if times.get(name) is not None}
 
 
 # A switch costs a flush (one dense step's bytes) and the new method's first steps: it must
@@ -237,14 +274,16 @@ RECHECK_BYTES = (256 << 10, 1 << 20)
 
 
 def decide_switch(plan: dict, current: str, basis_Bps: float, probe: dict, share: float,
-                  min_gain: float = SWITCH_MIN_GAIN, fits=None) -> tuple[dict, tuple | None]:
+                  min_gain: float = SWITCH_MIN_GAIN, fits=None,
+                  measured: dict | None = None) -> tuple[dict, tuple | None]:
     """A re-check of the link, decided: (the event, ``(algorithm, settings, record)`` of the
     choice to switch to, or None to keep ``current``). ``basis_Bps``: the goodput the current
     choice was made at; ``probe``: the new probe (:func:`thinwire.link_probe.probe_inter_node`'s
     dict). Keeps the current choice where the probe measured the host, not the link (no
     evidence), where the goodput moved by no more than ``share``, where the plan's best at the
     new rate is the current one, and where the best promises less than ``min_gain`` over the
-    current at that rate."""
+    current at that rate. ``measured``: paces this run's pilots measured (candidate -> [(nominal
+    bps, seconds a step)]); near their rates they stand for the plan's step times."""
     goodput = probe["goodput_Bps"]
     event = {"goodput_Bps": goodput, "change": goodput / basis_Bps - 1}
     if not probe.get("trusted", True):
@@ -252,11 +291,13 @@ def decide_switch(plan: dict, current: str, basis_Bps: float, probe: dict, share
                     reason=f"probe not trusted: {probe.get('why')}"), None
     if abs(event["change"]) <= share:
         return dict(event, kept=current), None
-    algorithm, settings, record = choose(plan, goodput, fits)
+    algorithm, settings, record = choose(plan, goodput, fits, measured=measured)
     event["planned_at_bps"] = record["planned_at_bps"]
+    if record["measured_here"]:
+        event["measured_here"] = record["measured_here"]
     if record["choice"] == current:
         return dict(event, kept=current), None
-    now = predicted(plan, record["planned_at_bps"]).get(current)
+    now = expected_times(plan, record["planned_at_bps"], measured).get(current)
     if now is None:  # no gain to weigh: the current choice misses the target at the new rate
         event["reason"] = f"{current} has no time to target at the new rate"
     else:

@@ -308,8 +308,32 @@ def test_a_pilot_lists_the_hooks_the_plan_puts_within_its_bound_fastest_first():
 
 def test_a_pilot_scores_each_candidate_as_the_plans_steps_at_its_measured_pace():
     plan = _with_steps(plan_of())
-    scores = plan_choice.pilot_scores(plan, 12.5e6 / 8, {"hitopk d=0.05": 0.3, "ddp": 0.15})
+    # measured at 28 Mbit/s nominal (within 1.3x of 25) and, for ddp, at 1 Gbit/s too
+    measured = {"hitopk d=0.05": [(28e6, 0.3)], "ddp": [(1e9, 0.01), (28e6, 0.15)]}
+    scores = plan_choice.measured_scores(plan, 12.5e6 / 8, measured)
     assert scores == pytest.approx({"hitopk d=0.05": 30.0, "ddp": 15.0})  # 100 steps each
+    # at 100 Mbit/s neither was measured near enough: no score, the plan's times stand
+    assert plan_choice.measured_scores(plan, 50e6 / 8, measured) == {}
+    assert plan_choice.expected_times(plan, 100e6, measured) == plan_choice.predicted(plan, 100e6)
+
+
+def test_a_pace_measured_near_the_new_rate_stands_for_the_plan_in_a_re_check():
+    plan = _with_steps(plan_of())
+    # at 1 Gbit/s the plan says ddp-fp16 (4 s) over hitopk (8 s); a pilot measured hitopk there
+    # at a quarter of its planned step: 100 steps x 0.02 s = 2 s, so it is kept
+    measured = {"hitopk d=0.05": [(1e9, 0.02)]}
+    event, switch = plan_choice.decide_switch(plan, "hitopk d=0.05", 12.5e6 / 8,
+                                              _probe(500e6 / 8), 0.3, measured=measured)
+    assert switch is None and event["kept"] == "hitopk d=0.05"
+    assert event["measured_here"] == ["hitopk d=0.05"]
+    # without it the plan's ddp-fp16 wins, as before
+    assert plan_choice.decide_switch(plan, "hitopk d=0.05", 12.5e6 / 8, _probe(500e6 / 8),
+                                     0.3)[1] is not None
+    # and a pilot there does not measure again what was measured near the rate
+    assert plan_choice.pilot_candidates(plan, 500e6 / 8, "ddp-fp16", within=3.0) == \
+        ["hitopk d=0.05", "ddp"]  # the plan: hitopk 8 s, ddp 9 s
+    assert plan_choice.pilot_candidates(plan, 500e6 / 8, "ddp-fp16", within=3.0,
+                                        measured=measured) == ["ddp"]
 
 
 def test_choose_among_names_the_candidate_asked_for_with_its_record():
