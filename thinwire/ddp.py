@@ -115,20 +115,24 @@ def replan(ddp_model: DistributedDataParallel, *, share: float = 0.3,
     to checkpoint afterwards is :func:`state_of` ``(ddp_model)`` (a new one after a switch).
 
     ``every_s``: call it after every step; it checks only every ``every_s`` seconds (rank 0's
-    clock; the interval doubles after each check that found the link steady, up to 8 times,
-    and is ``every_s`` again once one finds it moved), or at once where one step took twice
-    the pace or the pace of the last few steps moved by more than ``share`` (a link that
-    slowed shows so before any clock), and returns None otherwise. Each call costs a
-    two-number broadcast.
+    clock; the interval doubles after each check that found the link steady, up to 8 x
+    ``every_s``, and is ``every_s`` again once one finds it moved), or at once where one step
+    took twice the pace or the pace of the last few steps moved by more than ``share`` (a
+    link that slowed shows so before any clock), and returns None otherwise. Each call costs
+    a two-number broadcast.
 
-    ``pilot`` (with ``every_s``; 0 turns it off): the plan's step times come from the model it
-    was calibrated on, not from yours. After each choice the plan makes (at registration, and
-    after a switch for the link), up to ``pilot`` runners-up that it predicts within
-    ``thinwire.plan_choice.PILOT_WITHIN`` (1.5x) of its choice are measured on your script: each
-    candidate runs ``ddp_auto.PACE_CALLS + 1`` steps (a switch each, flushing as above), and
-    the one whose plan steps to target at its measured seconds a step come soonest is kept.
-    The other checks wait while a pilot runs. The events say ``pilot``; the state's
-    ``auto["pilot"]`` holds the paces and the decision."""
+    ``pilot`` (with ``every_s``, else unused; 0 turns it off): the plan's step times come from
+    the model it was calibrated on, not from yours. After each choice the plan makes (at
+    registration, and after a check that planned again at a new rate), once your
+    ``dense_iterations`` and ``density_warmup_steps`` are over, up to ``pilot`` runners-up
+    that it predicts within ``thinwire.plan_choice.PILOT_WITHIN`` (1.5x) of its choice are
+    measured on your script: each candidate runs ``ddp_auto.PACE_CALLS + 1`` steps (a switch
+    each, flushing as above), and the one whose plan steps to target at its measured seconds
+    a step come soonest is kept (switching back to an earlier one only where it promises
+    more than ``plan_choice.PILOT_MARGIN``, 5%). The clock and pace checks wait while a pilot
+    runs; a jump gives it up for a check. Measured paces stand for the plan's near the rate
+    they were measured at. The events say ``pilot``; the state's ``auto["pilot"]`` holds the
+    paces and the decision."""
     from thinwire import ddp_auto
 
     if min_gain is None:

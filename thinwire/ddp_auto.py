@@ -76,7 +76,7 @@ class AutoContext:
         self.last_call_s: float | None = None
         self.recent: list[float] = []
         self.pace: float | None = None  # the median of PACE_CALLS calls after the last check
-        self.due_why: str | None = None  # rank 0's "clock", "jump" or "pace", at the last due_at
+        self.due_why: str | None = None  # rank 0's DUE_WHY, at the last due_at
         self.flag_group = None  # a gloo group for the due flag (no device sync a step)
         # off after a jump that was not the link (its check kept the choice: a script's
         # evaluation every few steps would otherwise probe at each); on again after a clock
@@ -104,13 +104,18 @@ class AutoContext:
         the clock, or once the pace is set and it moves again. A jump that was not the link
         (a script's evaluation, a collection pause) costs one probe that keeps the choice,
         and turns the jump trigger off until the next clock check (:meth:`checked`). While a
-        pilot runs, the only check due is its own ("pilot"), once the pace is set."""
+        pilot runs, the check due is its own ("pilot"), once the pace is set, or a jump over
+        the candidate's own steps so far (the pilot is then given up for a check)."""
         if self.last_call_s is not None:
             self.recent = (self.recent + [now - self.last_call_s])[-PACE_CALLS:]
         self.last_call_s = now
         self.due_why = None
         if self.piloting:  # the pilot holds the other checks: its paces are at one rate
-            if len(self.recent) == PACE_CALLS and self.pace is None:
+            earlier = self.recent[:-1]
+            if self.jump_armed and len(earlier) >= 2 and \
+                    self.recent[-1] >= JUMP * statistics.median(earlier) > 0:
+                self.due_why = "jump"  # the link moved under the pilot: it is given up
+            elif len(self.recent) == PACE_CALLS and self.pace is None:
                 self.pace = statistics.median(self.recent)
                 self.due_why = "pilot"
         elif now - self.last_check_s >= every_s * self.clock_backoff:
@@ -132,7 +137,8 @@ class AutoContext:
         choice disarms the jump trigger until a clock check or a switch. ``steady``: the
         check's probe found the link within ``share`` of the plan's rate (the clock's interval
         doubles, up to ``CLOCK_BACKOFF_MAX``), or moved (back to ``every_s``); None: no
-        evidence either way (a pilot's check, a probe the host bound)."""
+        evidence either way (a probe the host bound, a pilot's check). Any switch, a pilot's
+        too, sets the interval back to ``every_s``."""
         self.last_check_s, self.last_call_s, self.recent, self.pace = now, None, [], None
         if switched or steady is False:
             self.clock_backoff = 1
@@ -142,6 +148,11 @@ class AutoContext:
             self.jump_armed = False
         elif why == "clock" or switched:
             self.jump_armed = True
+
+    def start_pilot(self) -> None:
+        """A pilot starts at the next call: the pace is measured from there (the steps before
+        may be a warm-up's)."""
+        self.last_call_s, self.recent, self.pace = None, [], None
 
     def fits(self, algorithm: str, chosen: dict) -> str | None:
         """None where the caller's settings suit ``algorithm`` with ``chosen``, else why not."""
@@ -231,11 +242,12 @@ def replan(ddp_model, context, share: float = 0.3,
                          "(thinwire.ddp.register(model, 'auto', plan=...))")
     why = "call"
     if every_s is not None:
-        if auto.pilot_queue is None:  # a new plan choice: list its pilot (alike on every rank)
-            auto.pilot_queue = plan_choice.pilot_candidates(
-                auto.plan, auto.basis_Bps, context.state.auto["choice"], auto.fits,
-                measured=auto.measured)[:pilot]
-            auto.piloting = bool(auto.pilot_queue)
+        # a new plan choice, past the caller's warm-up (a dense or denser start would be
+        # measured, not the candidate): list its pilot, alike on every rank (checked)
+        warm_up = auto.settings.get("dense_iterations", 0) + \
+            auto.settings.get("density_warmup_steps", 0)
+        if auto.pilot_queue is None and context.state.steps >= warm_up:
+            _list_pilot(context, auto, pilot)
         why, pace = _due(auto, every_s, share)
         if why is None:
             return None
@@ -244,13 +256,37 @@ def replan(ddp_model, context, share: float = 0.3,
             auto.checks[-1] = event
             auto.checked(time.perf_counter(), why, "switched_to" in event)
             return event
+        if auto.piloting:  # a jump under the pilot: the link moved; check it, pilot again
+            auto.piloting, auto.pilot_queue = False, None
     event = dict(_check(context, auto, share, min_gain), due=why)
     auto.checks[-1] = event
-    # a trusted probe inside the share: steady; one that moved the plan's rate: not
-    evidence = "change" in event and "reason" not in event
+    # a trusted probe inside the share: steady; one that moved: not; no evidence: None
+    trusted = "change" in event and "bound_by" not in event
     auto.checked(time.perf_counter(), why, "switched_to" in event,
-                 (evidence and "planned_at_bps" not in event) if evidence else None)
+                 abs(event["change"]) <= share if trusted else None)
     return event
+
+
+def _list_pilot(context, auto: AutoContext, pilot: int) -> None:
+    """The pilot of the current choice (collective: the ranks check they listed alike before
+    any of them switches): the runners-up to measure after it, and whether to pilot at all
+    (also where no runner-up is left to measure but the current choice was not measured at
+    this rate while others near it were: it is measured to be compared with them)."""
+    error, queue, piloting = None, [], False
+    try:
+        current = context.state.auto["choice"]
+        queue = plan_choice.pilot_candidates(auto.plan, auto.basis_Bps, current, auto.fits,
+                                             measured=auto.measured)[:pilot]
+        near = plan_choice.measured_near(auto.measured, plan_choice.nominal_bps(
+            auto.plan, auto.basis_Bps))
+        piloting = pilot > 0 and (bool(queue) or (current not in near and bool(near)))
+    except (ValueError, KeyError, TypeError) as exc:
+        error = exc
+    plan_choice.agree(error, auto.device, "listing the pilot",
+                      zlib.crc32(json.dumps([queue, piloting]).encode()))
+    auto.pilot_queue, auto.piloting = queue, piloting
+    if piloting:
+        auto.start_pilot()
 
 
 DUE_WHY = (None, "clock", "pace", "jump", "pilot")
@@ -276,44 +312,50 @@ def _pilot(context, auto: AutoContext, pace: float) -> dict:
     measure, or, all measured, keep the one whose plan steps at its measured pace reach the
     target soonest, among this pilot's and those an earlier pilot measured near this rate
     (switching to it where it is not the one running and promises more than
-    ``plan_choice.PILOT_MARGIN``). Every rank decides alike from rank 0's broadcast pace."""
+    ``plan_choice.PILOT_MARGIN``). Every rank decides from rank 0's broadcast pace, and the
+    ranks check they decided alike before any of them switches (a flush is collective)."""
     state = context.state
     current = state.auto["choice"]
-    bps = plan_choice.nominal_bps(auto.plan, auto.basis_Bps)
-    auto.measured.setdefault(current, []).append((bps, pace))
+    replanning = state.auto.get("replanning") or {}
     event = {"pilot": True, "measured": current, "pace_s": pace, "step": state.steps}
-    target = None
-    if auto.pilot_queue:
-        target = auto.pilot_queue.pop(0)
-    else:
-        auto.piloting = False
-        # this pilot's candidates and any an earlier pilot measured near this rate
-        scores = plan_choice.measured_scores(auto.plan, auto.basis_Bps, auto.measured)
-        best = min(scores, key=scores.get)
-        event.update(paces=plan_choice.measured_near(auto.measured, bps),
-                     predicted_at_pace_s=scores, best=best)
-        if best != current and scores[current] > scores[best] * (1 + plan_choice.PILOT_MARGIN):
-            target = best
-        event["chosen"] = target or current
+    error, target, switch = None, None, None
+    try:
+        bps = plan_choice.nominal_bps(auto.plan, auto.basis_Bps)
+        auto.measured.setdefault(current, []).append((bps, pace))
+        if auto.pilot_queue:
+            target = auto.pilot_queue.pop(0)
+        else:
+            auto.piloting = False
+            # this pilot's candidates and any an earlier pilot measured near this rate
+            scores = plan_choice.measured_scores(auto.plan, auto.basis_Bps, auto.measured)
+            best = min(scores, key=scores.get) if scores else current
+            event.update(paces=plan_choice.measured_near(auto.measured, bps),
+                         predicted_at_pace_s=scores, best=best)
+            if best != current and scores.get(current, math.inf) > \
+                    scores[best] * (1 + plan_choice.PILOT_MARGIN):
+                target = best
+            event["chosen"] = target or current
+        switch = plan_choice.choose(auto.plan, auto.basis_Bps, auto.fits, among={target},
+                                    measured=auto.measured) if target else None
+    except (ValueError, KeyError, TypeError) as exc:
+        error = exc
+    plan_choice.agree(error, auto.device, "the pilot",
+                      zlib.crc32(json.dumps([target, current]).encode()))
     began = time.perf_counter()
-    if target is None:
+    if switch is None:
         event["kept"] = current
     else:
-        algorithm, settings, record = plan_choice.choose(auto.plan, auto.basis_Bps, auto.fits,
-                                                         among={target})
-        _switch(context, auto, state.auto.get("probe"), algorithm, settings, record)
+        _switch(context, auto, state.auto.get("probe"), *switch)
         event.update(switched_from=current, switched_to=target)
         log.info("auto: pilot measured %s at %.3f s a step; switched to %s at step %d",
                  current, pace, target, state.steps)
-    plan_choice.agree(None, auto.device, "the pilot", zlib.crc32(json.dumps(
-        [event.get("switched_to"), event.get("kept")]).encode()))
     event["switch_s"] = time.perf_counter() - began
     if not auto.piloting:
         context.state.auto["pilot"] = {k: event[k] for k in ("paces", "predicted_at_pace_s",
                                                               "best", "chosen") if k in event}
     auto.checks.append(event)
-    context.state.auto["replanning"] = dict(context.state.auto.get("replanning") or {},
-                                            checks=auto.checks, switches=auto.switches)
+    context.state.auto["replanning"] = dict(replanning, checks=auto.checks,
+                                            switches=auto.switches)
     return event
 
 
@@ -341,15 +383,15 @@ def _check(context, auto: AutoContext, share: float, min_gain: float) -> dict:
                                                       probe, share, min_gain, auto.fits,
                                                       auto.measured)
         except ValueError as exc:  # no candidate at the new rate: training goes on as it is
-            event = {"goodput_Bps": probe["goodput_Bps"], "kept": current, "reason": str(exc)}
-        if "planned_at_bps" in event:
-            auto.basis_Bps = probe["goodput_Bps"]
+            event = {"goodput_Bps": probe["goodput_Bps"], "kept": current, "reason": str(exc),
+                     "change": probe["goodput_Bps"] / auto.basis_Bps - 1}
+        if "planned_at_bps" in event:  # planned again at a new rate: a choice to pilot
+            auto.basis_Bps, auto.pilot_queue = probe["goodput_Bps"], None
     decided = json.dumps(switch[:2] if switch else event.get("kept"), sort_keys=True)
     plan_choice.agree(None, auto.device, "re-planning", zlib.crc32(decided.encode()))
     event = dict(event, step=state.steps, probe_s=time.perf_counter() - began)
     if switch is not None:
         _switch(context, auto, probe, *switch)
-        auto.pilot_queue = None  # the plan's new choice gets a pilot of its own
         log.info("auto: the link moved %+.0f%%; switched from %s to %s at step %d",
                  100 * event["change"], current, event["switched_to"], event["step"])
     auto.checks.append(event)

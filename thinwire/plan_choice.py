@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import zlib
 from pathlib import Path
 
@@ -144,7 +145,7 @@ def nominal_bps(plan: dict, goodput_Bps: float) -> float:
 
 
 # a pace a pilot measured stands for its candidate at rates within this factor of the one it
-# was measured at (replan's default share: a link that moved less is not re-planned either)
+# was measured at (about replan's default share, 0.3: a link that moved less is not re-planned)
 MEASURED_WITHIN = 1.3
 
 
@@ -161,17 +162,23 @@ def measured_near(measured: dict | None, bps: float) -> dict[str, float]:
 
 
 def expected_times(plan: dict, bps: float, measured: dict | None = None) -> dict:
-    """Each candidate's time to target at ``bps``: the plan's, or, for one a pilot measured
-    near this rate, the plan's steps to target at its measured pace (the plan's time x
-    measured / predicted seconds a step)."""
+    """Each candidate's time to target at ``bps``: for one a pilot measured near this rate,
+    the plan's steps to target at its measured pace (the plan's time x measured / predicted
+    seconds a step); for the others, the plan's time x the script's factor there (the
+    geometric mean of measured / predicted seconds a step over the measured ones: a script
+    slower or faster than the plan's model is so for every candidate, and an unmeasured one
+    left at the plan's time would be favoured or penalised against the measured)."""
     times = predicted(plan, bps)
-    paces = measured_near(measured, bps)
-    if paces:
-        steps = predicted(plan, bps, "step_s")
-        for name, pace in paces.items():
-            if times.get(name) and steps.get(name):
-                times[name] = times[name] * pace / steps[name]
-    return times
+    steps = predicted(plan, bps, "step_s")
+    paces = {name: pace for name, pace in measured_near(measured, bps).items()
+             if times.get(name) and steps.get(name)}
+    if not paces:
+        return times
+    factor = math.exp(statistics.fmean(math.log(max(pace, 1e-9) / steps[name])
+                                       for name, pace in paces.items()))
+    return {name: None if t is None else
+            t * (paces[name] / steps[name] if name in paces else factor)
+            for name, t in times.items()}
 
 
 def ranked_hooks(plan: dict, goodput_Bps: float, fits=None,
@@ -259,9 +266,9 @@ def measured_scores(plan: dict, goodput_Bps: float, measured: dict) -> dict[str,
     """The time to target of each candidate measured near the probed rate, at its measured
     pace: the plan's steps to target x the seconds a step measured (:func:`expected_times`)."""
     bps = nominal_bps(plan, goodput_Bps)
-    times = expected_times(plan, bps, measured)
+    times, steps = expected_times(plan, bps, measured), predicted(plan, bps, "step_s")
     return {name: times[name] for name in measured_near(measured, bps)
-            if times.get(name) is not None}
+            if times.get(name) is not None and steps.get(name)}
 
 
 # A switch costs a flush (one dense step's bytes) and the new method's first steps: it must

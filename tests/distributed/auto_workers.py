@@ -123,11 +123,14 @@ def timed_replan(rank, world, plan):
     return answers
 
 
-def piloted_replan(rank, world, plan, step_s):
+def piloted_replan(rank, world, plan, step_s, other_step_s):
     """register(..., "auto") and 14 steps of a linear model with replan(every_s=3600, pilot=1)
-    after each, on a scripted clock: a step of candidate algorithm A takes ``step_s[A]``
-    seconds (rank 0's clock decides what is due). No optimizer step: the gradients are
-    comparable across steps for the conservation check."""
+    after each, on a scripted clock: on rank 0 a step of candidate algorithm A takes
+    ``step_s[A]`` seconds, on the others ``other_step_s[A]`` (rank 0's clock decides: the
+    others follow it). No optimizer step: the gradients are comparable across steps for the
+    conservation check."""
+    if rank != 0:
+        step_s = other_step_s
     import copy
     import types
 

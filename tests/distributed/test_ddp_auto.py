@@ -112,7 +112,9 @@ def _close_pair_plan():
     ({"hitopk": 0.1, "allreduce": 0.2}, "hitopk"),     # the plan was right: back to hitopk
 ])
 def test_a_pilot_measures_the_runner_up_and_keeps_the_faster_on_this_script(step_s, final):
-    results = run_ranks(auto_workers.piloted_replan, 2, _close_pair_plan(), step_s)
+    # rank 1's clock says the opposite: every rank follows rank 0's
+    opposite = {"hitopk": step_s["allreduce"], "allreduce": step_s["hitopk"]}
+    results = run_ranks(auto_workers.piloted_replan, 2, _close_pair_plan(), step_s, opposite)
     for r in results:
         due = [(i + 1, e["due"]) for i, e in enumerate(r["events"]) if e is not None]
         assert due == [(PACE_CALLS + 1, "pilot"), (2 * PACE_CALLS + 2, "pilot")], due

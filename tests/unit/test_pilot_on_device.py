@@ -32,6 +32,8 @@ BACKEND = "cpu:gloo,cuda:nccl" if HAS_CUDA else "gloo"
 @pytest.mark.parametrize("step_s, final", [
     ({"hitopk": 0.2, "allreduce": 0.1}, "allreduce"),
     ({"hitopk": 0.1, "allreduce": 0.2}, "hitopk"),
+    # hitopk measured 3% ahead (both 100 steps to target): under PILOT_MARGIN, not worth a flush
+    ({"hitopk": 0.1, "allreduce": 0.103}, "allreduce"),
 ])
 def test_the_pilot_switches_and_back_on_the_device_and_delivers_every_gradient(
         world_of_one, monkeypatch, step_s, final):
@@ -63,8 +65,12 @@ def test_the_pilot_switches_and_back_on_the_device_and_delivers_every_gradient(
             clock[0] += step_s[thinwire.ddp.state_of(model).algorithm]
             events.append(thinwire.ddp.replan(model, every_s=3600.0, pilot=1))
         flushed, _ = thinwire.ddp.flush_residuals(model)
-    assert [e["measured"] for e in events if e] == ["hitopk d=0.05", "ddp"]
+    assert [(i + 1, e["measured"]) for i, e in enumerate(events) if e] == \
+        [(6, "hitopk d=0.05"), (12, "ddp")]
     assert thinwire.ddp.state_of(model).algorithm == final
+    decided = [e for e in events if e][-1]
+    assert decided["best"] == min(decided["predicted_at_pace_s"],
+                                  key=decided["predicted_at_pace_s"].get)
     for total, held, want in zip(delivered, flushed or [None] * len(delivered),
                                  reference.parameters()):
         assert total.device.type == DEVICE.type
@@ -78,3 +84,34 @@ def plan_choice_hook(plan: dict, name: str):
 
     row = next(r for at in plan["plans"] for r in at["rows"] if r["candidate"] == name)
     return plan_choice.hook_settings(row)
+
+
+@pytest.mark.parametrize("world_of_one", [BACKEND], indirect=True)
+def test_a_pilot_waits_for_the_callers_dense_warm_up(world_of_one, monkeypatch):
+    """dense_iterations=3: the pilot's first pace is measured after the dense steps."""
+    clock = [0.0]
+    monkeypatch.setattr(ddp_auto, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    model = DDP(torch.nn.Linear(32, 8).to(DEVICE))
+    settings = {"dense_below_bytes": 0, "dense_iterations": 3}  # sparse-only: two sparse ones
+    plan = _with_steps(plan_of(nodes=1))
+    for at in plan["plans"]:
+        for row in at["rows"]:
+            if row["candidate"] == "ddp":
+                row.update(candidate="topk_allgather d=0.05", algorithm="topk_allgather",
+                           settings={"density": 0.05})
+    algorithm, chosen = plan_choice_hook(plan, "hitopk d=0.05")
+    state = thinwire.ddp.register(model, algorithm, **chosen, **settings, ranks_per_node=1)
+    state.auto = {"choice": "hitopk d=0.05", "probe": None}
+    _context_of(model).auto = ddp_auto.AutoContext(plan, settings, 12.5e6 / 8, DEVICE)
+    events = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for step in range(1, 12):
+            model(torch.randn(4, 32).to(DEVICE)).sum().backward()
+            model.zero_grad(set_to_none=True)
+            clock[0] += 1.0 if step <= 3 else 0.1  # dense steps are slow
+            events.append(thinwire.ddp.replan(model, every_s=3600.0, pilot=1))
+    first = next(e for e in events if e)
+    # listed at the call after step 3, which starts the pace; steps 4-8 measure it
+    assert first["step"] == 3 + ddp_auto.PACE_CALLS and first["pace_s"] == pytest.approx(0.1)
+    assert first["switched_to"] == "topk_allgather d=0.05"

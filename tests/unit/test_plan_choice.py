@@ -320,12 +320,13 @@ def test_a_pilot_scores_each_candidate_as_the_plans_steps_at_its_measured_pace()
 def test_a_pace_measured_near_the_new_rate_stands_for_the_plan_in_a_re_check():
     plan = _with_steps(plan_of())
     # at 1 Gbit/s the plan says ddp-fp16 (4 s) over hitopk (8 s); a pilot measured hitopk there
-    # at a quarter of its planned step: 100 steps x 0.02 s = 2 s, so it is kept
-    measured = {"hitopk d=0.05": [(1e9, 0.02)]}
+    # at a quarter of its planned step (100 steps x 0.02 s = 2 s) and ddp-fp16 at its plan's
+    # (4 s), so hitopk is kept
+    measured = {"hitopk d=0.05": [(1e9, 0.02)], "ddp-fp16": [(1e9, 0.04)]}
     event, switch = plan_choice.decide_switch(plan, "hitopk d=0.05", 12.5e6 / 8,
                                               _probe(500e6 / 8), 0.3, measured=measured)
     assert switch is None and event["kept"] == "hitopk d=0.05"
-    assert event["measured_here"] == ["hitopk d=0.05"]
+    assert event["measured_here"] == ["ddp-fp16", "hitopk d=0.05"]
     # without it the plan's ddp-fp16 wins, as before
     assert plan_choice.decide_switch(plan, "hitopk d=0.05", 12.5e6 / 8, _probe(500e6 / 8),
                                      0.3)[1] is not None
@@ -334,6 +335,19 @@ def test_a_pace_measured_near_the_new_rate_stands_for_the_plan_in_a_re_check():
         ["hitopk d=0.05", "ddp"]  # the plan: hitopk 8 s, ddp 9 s
     assert plan_choice.pilot_candidates(plan, 500e6 / 8, "ddp-fp16", within=3.0,
                                         measured=measured) == ["ddp"]
+
+
+def test_candidates_no_pilot_measured_take_the_scripts_factor_from_those_it_did():
+    plan = _with_steps(plan_of())
+    # the script steps 3x slower than the plan's model for both candidates measured at 1 Gbit/s
+    measured = {"ddp-fp16": [(1e9, 0.12)], "hitopk d=0.05": [(1e9, 0.24)]}
+    times = plan_choice.expected_times(plan, 1e9, measured)
+    assert times == pytest.approx({"ddp-fp16": 12.0, "hitopk d=0.05": 24.0, "ddp": 27.0,
+                                   "powersgd rank=4": 18.0})
+    # so the unmeasured all-reduce (the plan's 9 s) does not look faster than ddp-fp16
+    event, switch = plan_choice.decide_switch(plan, "hitopk d=0.05", 12.5e6 / 8,
+                                              _probe(500e6 / 8), 0.3, measured=measured)
+    assert event["switched_to"] == "ddp-fp16"
 
 
 def test_choose_among_names_the_candidate_asked_for_with_its_record():
@@ -350,11 +364,24 @@ def test_a_pilot_holds_the_other_checks_and_is_due_once_the_pace_is_set():
     auto.checked(0.0)
     auto.piloting = True
     now, calls = 0.0, []
-    for step_s in [0.1] * PACE_CALLS + [5.0]:  # a jump and the clock inside the pilot: held
+    for step_s in [0.1] * PACE_CALLS + [0.15]:  # the clock (every 0.3 s) is held
         now += step_s
-        calls.append(auto.due_at(now, every_s=1.0, share=0.3))
+        calls.append(auto.due_at(now, every_s=0.3, share=0.3))
     assert calls == [False] * PACE_CALLS + [True] and auto.due_why == "pilot"
-    assert auto.pace == pytest.approx(0.1)  # the median shrugs off the one long step
+    assert auto.pace == pytest.approx(0.1)  # the median of the last 5 steps
+
+
+def test_a_jump_over_a_candidates_own_steps_gives_the_pilot_up_for_a_check():
+    from thinwire.ddp_auto import AutoContext
+
+    auto = AutoContext(plan_of(), {}, 1e6, None)
+    auto.checked(0.0)
+    auto.piloting = True
+    now, calls = 0.0, []
+    for step_s in [0.1, 0.1, 0.1, 0.5]:  # the link fell under the pilot's third step
+        now += step_s
+        calls.append(auto.due_at(now, every_s=100.0, share=0.3))
+    assert calls == [False, False, False, True] and auto.due_why == "jump"
 
 
 @pytest.mark.parametrize("pilot", [-1, 1.5, True, "2"])

@@ -11,8 +11,9 @@ Runs ``examples/ddp_auto_replan.py`` on the emulated cluster once with auto (``r
 one after the other, under the same schedule (counted from each job's start). A row per run:
 the seconds from registering the hook to the last step (``train_s``: auto's first probe, its
 checks, its pilot and its switches included), that over auto's (``vs_auto``), its first and
-last choice and, for auto, the candidates its pilot measured, its checks and where the link
-made it switch. The script's model is an MLP of the plan's
+last choice and, for auto, the candidates its pilot measured, its checks (the pilot's
+included) and where the link made it switch. The script is given ``--pilot`` (an ``--example``
+of your own must take it). The script's model is an MLP of the plan's
 model's size on random data: the race measures the steps' time, not a learning curve.
 """
 
