@@ -73,3 +73,27 @@ def test_results_without_auto_are_refused(tmp_path):
         auto_grid.judge(argparse.Namespace(results=[path], json=None))
     with pytest.raises(ValueError, match="--results: .* is not a file"):
         auto_grid.judge(argparse.Namespace(results=[str(tmp_path / "x.json")], json=None))
+
+
+def test_by_setting_gives_each_rank_and_density_its_own_geometric_mean(tmp_path):
+    def run(algorithm, rate, t, **setting):
+        return dict(_run(algorithm, rate, t), **setting)
+    ranks = _results(tmp_path, "r", "mnist", [
+        run("powersgd", "25mbit", 20.0, powersgd_rank=1, density=0.01),
+        run("powersgd", "1gbit", 10.0, powersgd_rank=1, density=0.01)])
+    other = _results(tmp_path, "s", "mnist", [
+        run("powersgd", "25mbit", 30.0, powersgd_rank=4, density=0.01),
+        run("powersgd", "1gbit", 5.0, powersgd_rank=4, density=0.01),
+        run("hitopk", "25mbit", 15.0, density=0.01), run("hitopk", "1gbit", None, density=0.01)])
+    result = auto_grid.judge(argparse.Namespace(results=[ranks, other], json=None,
+                                                by_setting=True))
+    summary = {r["algorithm"]: r for r in result["summary"]}
+    assert set(summary) == {"powersgd r=1", "powersgd r=4", "hitopk d=0.01"}
+    assert summary["powersgd r=1"]["geomean_s"] == pytest.approx(math.sqrt(200.0))
+    assert summary["hitopk d=0.01"]["missed"] == 1  # counted at its 60 s budget
+    rows = {r["rate"]: r for r in result["rows"]}
+    assert rows["25mbit"]["fastest"] == "hitopk d=0.01"
+    assert rows["1gbit"]["fastest"] == "powersgd r=4" and rows["1gbit"]["hitopk d=0.01_s"] is None
+    # without --by-setting the same runs are one powersgd (the later file's) and no auto
+    with pytest.raises(ValueError, match="give --by-setting"):
+        auto_grid.judge(argparse.Namespace(results=[ranks, other], json=None))

@@ -9,6 +9,12 @@ fastest (target: >= 90%), its worst ratio (target: <= 1.25), and the geometric m
 algorithm's time to target over the cells (target: auto's the lowest). A run that missed the
 target counts at its budget in the geometric means (a lower bound of its time: the mean
 flatters it) and is marked. Nothing here measures: it reads results.
+
+``--by-setting`` names each fixed run by its setting as well (``powersgd r=1``, ``hitopk
+d=0.01``), so that races of one method at several ranks or densities (separate ``compare``
+runs, ``--powersgd-rank``/``--density``) give each its own geometric mean: the issue's
+"PowerSGD at its best rank, hitopk at its best fixed density". Without auto in the results,
+each cell's row names the fastest setting.
 """
 
 from __future__ import annotations
@@ -25,9 +31,25 @@ SHARE = 0.90     # ...in at least this share of the cells
 WORST = 1.25     # and never more than 25% slower
 
 
-def _cells(paths: list[str]) -> dict:
-    """{(workload, shape, rate): {algorithm: run}} over every results file (the last file's
-    run wins where two hold the same cell and algorithm: a rerun replaces)."""
+def label(run: dict, by_setting: bool = False) -> str:
+    """The run's name in the tables: its algorithm, and with ``by_setting`` PowerSGD's rank or
+    a sparse algorithm's density too."""
+    from thinwire import collectives
+
+    algorithm = run["algorithm"]
+    if not by_setting or algorithm == "auto":
+        return algorithm
+    if algorithm == "powersgd" and run.get("powersgd_rank") is not None:
+        return f"powersgd r={run['powersgd_rank']}"
+    if algorithm in collectives.names() and collectives.get(algorithm).sparse and \
+            run.get("density") is not None:
+        return f"{algorithm} d={run['density']:g}"
+    return algorithm
+
+
+def _cells(paths: list[str], by_setting: bool = False) -> dict:
+    """{(workload, shape, rate): {label: run}} over every results file (the last file's
+    run wins where two hold the same cell and label: a rerun replaces)."""
     cells: dict = {}
     for path in paths:
         results = json.loads(Path(path).read_text())
@@ -35,8 +57,19 @@ def _cells(paths: list[str]) -> dict:
         shape = f"{setting.get('nodes')}x{setting.get('ranks_per_node')}"
         for run in results.get("runs", []):
             key = (setting.get("workload"), shape, run.get("inter_node_bandwidth"))
-            cells.setdefault(key, {})[run["algorithm"]] = run
+            cells.setdefault(key, {})[label(run, by_setting)] = run
     return cells
+
+
+def fastest_row(key: tuple, runs: dict) -> dict:
+    """A cell without auto: every run's time and the fastest of them."""
+    workload, shape, rate = key
+    times = {a: _time(r) for a, r in runs.items()}
+    reached = {a: t for a, (t, missed) in times.items() if not missed and t is not None}
+    fastest = min(reached, key=reached.get) if reached else None
+    return {"workload": workload, "shape": shape, "rate": rate, "fastest": fastest,
+            "fastest_s": reached.get(fastest),
+            **{f"{a}_s": (None if missed else t) for a, (t, missed) in sorted(times.items())}}
 
 
 def _time(run: dict) -> tuple[float | None, bool]:
@@ -106,12 +139,22 @@ def judge(args) -> dict:
     for path in args.results:
         if not Path(path).is_file():
             raise ValueError(f"--results: {path} is not a file")
-    cells = _cells(args.results)
-    rows = [r for r in (cell_row(k, runs) for k, runs in sorted(
-        cells.items(), key=lambda kv: (kv[0][0] or "", kv[0][1], rate_bps(kv[0][2]))))
-        if r is not None]
+    by_setting = bool(getattr(args, "by_setting", False))
+    cells = _cells(args.results, by_setting)
+    ordered = sorted(cells.items(), key=lambda kv: (kv[0][0] or "", kv[0][1],
+                                                    rate_bps(kv[0][2])))
+    rows = [r for r in (cell_row(k, runs) for k, runs in ordered) if r is not None]
+    if not rows and by_setting and not any("auto" in runs for runs in cells.values()):
+        rows = [fastest_row(k, runs) for k, runs in ordered]
+        result = {"rows": rows, "summary": summary(cells, []), "results": list(args.results)}
+        print(format_table(rows, ["workload", "shape", "rate", "fastest", "fastest_s"]))
+        print()
+        print(format_table(result["summary"], ["algorithm", "cells", "missed", "geomean_s"]))
+        save_if_asked(args.json, result)
+        return result
     if not rows:
-        raise ValueError("--results hold no cell with an auto run and a fixed choice")
+        raise ValueError("--results hold no cell with an auto run and a fixed choice (give "
+                         "--by-setting to compare settings without auto)")
     result = {"rows": rows, "summary": summary(cells, rows),
               "targets": {"within": WITHIN, "share": SHARE, "worst": WORST},
               "results": list(args.results)}
@@ -141,5 +184,8 @@ def register(bench_subparsers) -> None:
         "auto-grid", help="issue 31's targets from compare races of auto beside fixed choices")
     parser.add_argument("--results", nargs="+", required=True, metavar="RESULTS_JSON",
                         help="thinwire compare results.json files (one per workload and shape)")
+    parser.add_argument("--by-setting", action="store_true",
+                        help="name fixed runs by PowerSGD's rank and a sparse algorithm's "
+                             "density too (races of one method at several settings)")
     parser.add_argument("--json", default=None, help="write the table and summary here")
     parser.set_defaults(func=run)
