@@ -3,6 +3,7 @@
 # PyTorch with CUDA but not thinwire's virtual environment (thinwire runs from the tree):
 #   run(command="bash tests/gpu/on_device.sh", timeout_s=480)
 # Writes pytest's log, the hook benchmark's JSON and two training summaries under $OUT.
+# With --tests-and-hook it stops after the hook's benchmark (~1 min; tests/gpu/auto_on_device.sh).
 set -u
 OUT=${OUT:-/tmp/thinwire-gpu}
 mkdir -p "$OUT"
@@ -12,10 +13,12 @@ python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_devic
 echo "== tests on CUDA"
 timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/unit/test_ddp_cuda.py \
     tests/unit/test_algorithms_on_device.py tests/unit/test_meta_device.py \
-    tests/unit/test_topk.py::test_cuda_contract 2>&1 | tee "$OUT/pytest.log" | tail -60
+    tests/unit/test_pilot_on_device.py tests/unit/test_topk.py::test_cuda_contract 2>&1 \
+    | tee "$OUT/pytest.log" | tail -60
 echo "== the hook's cost and overlap"
 timeout 150 python3 -c "from thinwire.cli import main; main()" bench ddp-hook --device cuda \
     --json "$OUT/ddp_hook.json" 2>&1 | tail -20
+[ "${1:-}" = "--tests-and-hook" ] && exit 0
 for algorithm in allreduce hitopk; do
     echo "== train, $algorithm, CUDA"
     timeout 90 torchrun --nproc_per_node 1 -m thinwire.train --model transformer --device cuda \
