@@ -84,8 +84,8 @@ class AutoContext:
         self.jump_armed = True
         self.clock_backoff = 1  # the clock waits every_s times this (CLOCK_BACKOFF_MAX)
         # the pilot (replan(every_s=..., pilot=N)): the candidates still to measure after the
-        # current one (None: not yet listed for the current plan choice), each measured one's
-        # pace, and whether a pilot is under way (it holds the other checks)
+        # current one (None: not yet listed for the current plan choice), and whether a pilot
+        # is under way (it holds the clock and pace checks)
         self.pilot_queue: list[str] | None = None
         self.piloting = False
         # every pace a pilot measured: candidate -> [(the plan's nominal bps then, seconds a
