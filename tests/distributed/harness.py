@@ -42,6 +42,16 @@ def start_method() -> str:
     return "forkserver"
 
 
+# The rank's process groups, kept by its main thread until the process ends (a rank's process
+# ends by os._exit: they are never destroyed). destroy_process_group() only unregisters them;
+# where the last reference is then dropped on one of gloo's own threads (a future's callback
+# holding PowerSGD's state, say), the group's destructor joins that thread from itself and the
+# process aborts ("Resource deadlock avoided"; seen once in CI, in
+# test_powersgd_runs_one_bucket_at_a_time_and_agrees_across_ranks, while the rank pickled its
+# result).
+_GROUPS_KEPT: list = []
+
+
 def _output_path(store_dir: str, rank: int) -> str:
     return os.path.join(store_dir, f"rank{rank}.out")
 
@@ -69,6 +79,8 @@ def _entry(rank: int, world_size: int, store_dir: str, fn, args, kwargs, environ
             # exist: destroyed after them, in the interpreter's teardown, they can abort.
             import gc
             gc.collect()
+            from torch.distributed import distributed_c10d
+            _GROUPS_KEPT.extend(distributed_c10d._world.pg_map)
             dist.destroy_process_group()
         except Exception:
             pass
