@@ -106,15 +106,10 @@ def fixed_hook(plan_path: str, name: str) -> tuple[str, dict]:
     """The hook (algorithm, settings) of the plan's candidate ``name``."""
     from thinwire import plan_choice
 
-    plan = plan_choice.load(plan_path)
-    rows = {row["candidate"]: row for at in plan["plans"] for row in at["rows"]}
-    if name not in rows:
-        raise SystemExit(f"--fixed: {name!r} is not a candidate of {plan_path}: "
-                         f"{sorted(rows)}")
-    mapped = plan_choice.hook_settings(rows[name])
-    if isinstance(mapped, str):
-        raise SystemExit(f"--fixed {name!r}: {mapped}")
-    return mapped
+    try:
+        return plan_choice.candidate_hook(plan_choice.load(plan_path), name)
+    except ValueError as exc:
+        raise SystemExit(f"--fixed: {exc} ({plan_path})") from None
 
 
 def say(text: str) -> None:

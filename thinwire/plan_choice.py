@@ -113,6 +113,18 @@ def hook_settings(row: dict) -> tuple[str, dict] | str:
     return row["algorithm"], dict(row["settings"])
 
 
+def candidate_hook(plan: dict, name: str) -> tuple[str, dict]:
+    """(thinwire algorithm, its settings) of the plan's candidate ``name``: the hook a fixed
+    choice registers. A name the plan does not hold, or one no hook runs, is refused."""
+    rows = {row["candidate"]: row for at in plan["plans"] for row in at["rows"]}
+    if name not in rows:
+        raise ValueError(f"{name!r} is not a candidate of the plan: {sorted(rows)}")
+    mapped = hook_settings(rows[name])
+    if isinstance(mapped, str):
+        raise ValueError(f"{name!r} is not a thinwire hook ({mapped})")
+    return mapped
+
+
 def predicted(plan: dict, bps: float,
               field: str = "time_to_target_s") -> dict[str, float | None]:
     """Each candidate's ``field`` at ``bps`` (its time to target, or ``"step_s"``: a step's

@@ -17,7 +17,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import thinwire.ddp
-from thinwire import ddp_auto
+from thinwire import ddp_auto, plan_choice
 from thinwire.ddp import _context_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -44,7 +44,7 @@ def test_the_pilot_switches_and_back_on_the_device_and_delivers_every_gradient(
                                     torch.nn.Linear(32, 8)).to(DEVICE))
     settings = {"dense_below_bytes": 0}  # these small buckets compressed, not sent dense
     plan = _with_steps(plan_of(nodes=1))  # hitopk 10 s, the fp32 all-reduce 12 s: piloted
-    algorithm, chosen = plan_choice_hook(plan, "hitopk d=0.05")
+    algorithm, chosen = plan_choice.candidate_hook(plan, "hitopk d=0.05")
     state = thinwire.ddp.register(model, algorithm, **chosen, **settings, ranks_per_node=1)
     state.auto = {"choice": "hitopk d=0.05", "probe": None}
     # what registering with algorithm="auto" keeps (its probe needs 2 nodes; this is one)
@@ -79,13 +79,6 @@ def test_the_pilot_switches_and_back_on_the_device_and_delivers_every_gradient(
     assert (flushed is None) == (final == "allreduce")  # hitopk holds mass back; dense none
 
 
-def plan_choice_hook(plan: dict, name: str):
-    from thinwire import plan_choice
-
-    row = next(r for at in plan["plans"] for r in at["rows"] if r["candidate"] == name)
-    return plan_choice.hook_settings(row)
-
-
 @pytest.mark.parametrize("world_of_one", [BACKEND], indirect=True)
 def test_a_pilot_waits_for_the_callers_dense_warm_up(world_of_one, monkeypatch):
     """dense_iterations=3: the pilot's first pace is measured after the dense steps."""
@@ -99,7 +92,7 @@ def test_a_pilot_waits_for_the_callers_dense_warm_up(world_of_one, monkeypatch):
             if row["candidate"] == "ddp":
                 row.update(candidate="topk_allgather d=0.05", algorithm="topk_allgather",
                            settings={"density": 0.05})
-    algorithm, chosen = plan_choice_hook(plan, "hitopk d=0.05")
+    algorithm, chosen = plan_choice.candidate_hook(plan, "hitopk d=0.05")
     state = thinwire.ddp.register(model, algorithm, **chosen, **settings, ranks_per_node=1)
     state.auto = {"choice": "hitopk d=0.05", "probe": None}
     _context_of(model).auto = ddp_auto.AutoContext(plan, settings, 12.5e6 / 8, DEVICE)

@@ -71,15 +71,11 @@ def run(args) -> int:
         raise FileNotFoundError(f"--example {example} is not a file (examples/"
                                 "ddp_auto_replan.py of a source checkout)")
     plan = plan_choice.load(args.plan)  # checked before anything launches
-    names = {row["candidate"] for at in plan["plans"] for row in at["rows"]}
     for name in args.fixed:
-        if name not in names:
-            raise ValueError(f"--fixed: {name!r} is not a candidate of {args.plan}: "
-                             f"{sorted(names)}")
-        if isinstance(plan_choice.hook_settings(next(
-                row for at in plan["plans"] for row in at["rows"] if row["candidate"] == name)),
-                str):
-            raise ValueError(f"--fixed: {name!r} is not a thinwire hook")
+        try:
+            plan_choice.candidate_hook(plan, name)
+        except ValueError as exc:
+            raise ValueError(f"--fixed: {exc} ({args.plan})") from None
     parse_bandwidth_schedule(args.bandwidth_schedule, "--bandwidth-schedule")  # checked
     first_rate = args.bandwidth_schedule.split(",")[0].partition(":")[2].strip()
     spec = ClusterSpec(nodes=plan["nodes"], ranks_per_node=plan["ranks_per_node"],
