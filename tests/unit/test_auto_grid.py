@@ -97,3 +97,52 @@ def test_by_setting_gives_each_rank_and_density_its_own_geometric_mean(tmp_path)
     # without --by-setting the same runs are one powersgd (the later file's) and no auto
     with pytest.raises(ValueError, match="give --by-setting"):
         auto_grid.judge(argparse.Namespace(results=[ranks, other], json=None))
+
+
+def _seeded(run, seed):
+    return {**run, "seed": seed}
+
+
+def test_over_seeds_judges_every_seed_and_every_cell_by_its_medians(tmp_path, capsys):
+    # the LM's case: which fixed choice is fastest changes with the seed; by its medians over
+    # three seeds powersgd is the one to expect, and auto chose it
+    runs = []
+    for seed, (hitopk, powersgd, auto, choice) in {
+            1: (30.0, 20.0, 21.0, "powersgd"), 2: (18.0, 22.0, 22.5, "powersgd"),
+            3: (25.0, 21.0, 30.0, "hitopk")}.items():
+        runs += [_seeded(_run("auto", "25mbit", auto, choice + " r=4"), seed),
+                 _seeded(_run("hitopk", "25mbit", hitopk), seed),
+                 _seeded(_run("powersgd", "25mbit", powersgd), seed),
+                 _seeded(_run("ddp", "25mbit", None if seed != 2 else 50.0), seed)]
+    path = _results(tmp_path, "s", "lm", runs)
+    result = auto_grid.judge(argparse.Namespace(results=[path], json=None, over_seeds=True))
+    per_seed = {r["seed"]: r for r in result["per_seed_rows"]}
+    assert per_seed[2]["fastest"] == "hitopk"
+    assert per_seed[2]["vs_fastest"] == pytest.approx(22.5 / 18.0)
+    assert per_seed[3]["vs_fastest"] == pytest.approx(30.0 / 21.0)
+    assert result["per_seed_summary"][0]["within_10pct_share"] == pytest.approx(1 / 3)
+    [cell] = result["rows"]
+    assert cell["seeds"] == "1,2,3" and cell["auto_choice"] == "powersgd/hitopk"
+    assert cell["fastest"] == "powersgd" and cell["fastest_s"] == pytest.approx(21.0)
+    assert cell["hitopk_s"] == pytest.approx(25.0) and cell["auto_s"] == pytest.approx(22.5)
+    assert cell["vs_fastest"] == pytest.approx(22.5 / 21.0) and cell["within_10pct"]
+    # ddp missed at two of three seeds: its median is a miss, counted at the budget
+    assert cell["ddp_s"] is None
+    summary = {r["algorithm"]: r for r in result["summary"]}
+    assert summary["ddp"]["missed"] == 1 and summary["ddp"]["geomean_s"] == pytest.approx(60.0)
+    assert summary["auto"]["within_10pct_share"] == 1.0
+    out = capsys.readouterr().out
+    assert "every (cell, seed)" in out and "median time over its seeds" in out
+
+
+def test_over_seeds_uses_only_the_seeds_where_every_algorithm_ran(tmp_path):
+    runs = [_seeded(_run("auto", "1gbit", 10.0, "ddp-fp16"), 1),
+            _seeded(_run("ddp", "1gbit", 9.0), 1),
+            _seeded(_run("auto", "1gbit", 10.0, "ddp-fp16"), 2),
+            _seeded(_run("ddp", "1gbit", 11.0), 2),
+            _seeded(_run("auto", "1gbit", 40.0, "ddp-fp16"), 3)]  # seed 3: ddp not raced
+    path = _results(tmp_path, "p", "mnist", runs)
+    result = auto_grid.judge(argparse.Namespace(results=[path], json=None, over_seeds=True))
+    [cell] = result["rows"]
+    assert cell["seeds"] == "1,2" and cell["auto_s"] == pytest.approx(10.0)
+    assert cell["ddp_s"] == pytest.approx(10.0)

@@ -15,12 +15,20 @@ d=0.01``), so that races of one method at several ranks or densities (separate `
 runs, ``--powersgd-rank``/``--density``) give each its own geometric mean: the issue's
 "PowerSGD at its best rank, hitopk at its best fixed density". Without auto in the results,
 each cell's row names the fastest setting.
+
+``--over-seeds`` reads races of the same cells at several seeds (one ``compare --seed S`` each):
+every (cell, seed) is judged on its own, and each cell again by every algorithm's median time
+over its seeds (a miss counts as slower than any time: a median that falls on a miss is a miss).
+Where a workload's steps to target vary by seed more than its candidates differ (the LM), one
+seed's fastest is partly the luck of that seed, which no choice made before the run can see;
+the medians say which choice is fastest to expect.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 from thinwire.bench.report import format_table, save_if_asked
@@ -47,9 +55,10 @@ def label(run: dict, by_setting: bool = False) -> str:
     return algorithm
 
 
-def _cells(paths: list[str], by_setting: bool = False) -> dict:
+def _cells(paths: list[str], by_setting: bool = False, by_seed: bool = False) -> dict:
     """{(workload, shape, rate): {label: run}} over every results file (the last file's
-    run wins where two hold the same cell and label: a rerun replaces)."""
+    run wins where two hold the same cell and label: a rerun replaces); with ``by_seed`` the
+    key ends with the run's seed."""
     cells: dict = {}
     for path in paths:
         results = json.loads(Path(path).read_text())
@@ -57,8 +66,53 @@ def _cells(paths: list[str], by_setting: bool = False) -> dict:
         shape = f"{setting.get('nodes')}x{setting.get('ranks_per_node')}"
         for run in results.get("runs", []):
             key = (setting.get("workload"), shape, run.get("inter_node_bandwidth"))
+            if by_seed:
+                key += (run.get("seed", setting.get("seed")),)
             cells.setdefault(key, {})[label(run, by_setting)] = run
     return cells
+
+
+def _median_time(runs: list[dict]) -> tuple[float | None, bool]:
+    """The median time to target over ``runs`` (one seed each), a miss counting as slower
+    than any time; (the median, or the budget where it falls on a miss; whether it did)."""
+    times = [(math.inf if missed or t is None else t) for t, missed in map(_time, runs)]
+    median = statistics.median(times)
+    if math.isinf(median):
+        return max((r.get("budget_s") or r.get("train_time_s") or 0.0) for r in runs), True
+    return median, False
+
+
+def over_seeds(cells: dict) -> dict:
+    """{(workload, shape, rate): {label: run}} from cells keyed by seed too: each label's run
+    stands for its median over the seeds at which every label of the cell ran (the seeds
+    listed in its ``seeds``; auto's choices at them joined by '/')."""
+    grouped: dict = {}
+    for (workload, shape, rate, seed), runs in cells.items():
+        grouped.setdefault((workload, shape, rate), {})[seed] = runs
+    out: dict = {}
+    for key, by_seed in grouped.items():
+        labels = set().union(*by_seed.values())
+        seeds = sorted((s for s, runs in by_seed.items() if labels <= set(runs)), key=str)
+        if not seeds:
+            continue
+        cell = out.setdefault(key, {})
+        for name in labels:
+            runs = [by_seed[s][name] for s in seeds]
+            median, missed = _median_time(runs)
+            merged = {"algorithm": runs[0]["algorithm"], "seeds": seeds,
+                      "status": "missed" if missed else "ok",
+                      "time_to_target_s": None if missed else median, "budget_s": median}
+            if name == "auto":
+                choices = [((r.get("auto") or {}).get("choice") or "?").split(" ")[0]
+                           for r in runs]
+                bounds = {str((r.get("auto") or {}).get("probe", {}).get("bound_by"))
+                          for r in runs}
+                verdicts = {str((r.get("fidelity") or {}).get("verdict")) for r in runs}
+                merged["auto"] = {"choice": "/".join(dict.fromkeys(choices)),
+                                  "probe": {"bound_by": "/".join(sorted(bounds))}}
+                merged["fidelity"] = {"verdict": "/".join(sorted(verdicts))}
+            cell[name] = merged
+    return out
 
 
 def fastest_row(key: tuple, runs: dict) -> dict:
@@ -81,7 +135,7 @@ def _time(run: dict) -> tuple[float | None, bool]:
 
 
 def cell_row(key: tuple, runs: dict) -> dict | None:
-    workload, shape, rate = key
+    workload, shape, rate, *seed = key
     auto = runs.get("auto")
     fixed = {a: _time(r) for a, r in runs.items() if a != "auto"}
     reached = {a: t for a, (t, missed) in fixed.items() if not missed and t is not None}
@@ -95,6 +149,8 @@ def cell_row(key: tuple, runs: dict) -> dict | None:
         ratio = math.inf if auto_missed else auto_s / reached[fastest]
     record = auto.get("auto") or {}
     return {"workload": workload, "shape": shape, "rate": rate,
+            **({"seed": seed[0]} if seed else {}),
+            **({"seeds": ",".join(map(str, auto["seeds"]))} if "seeds" in auto else {}),
             "auto_s": None if auto_missed else auto_s,
             "auto_choice": (record.get("choice") or "?").split(" ")[0],
             "fastest": fastest, "fastest_s": reached.get(fastest),
@@ -134,32 +190,23 @@ def summary(cells: dict, rows: list[dict]) -> list[dict]:
     return out
 
 
-def judge(args) -> dict:
-    """The cells and the summary (what ``--json`` writes), printed as two tables."""
-    for path in args.results:
-        if not Path(path).is_file():
-            raise ValueError(f"--results: {path} is not a file")
-    by_setting = bool(getattr(args, "by_setting", False))
-    cells = _cells(args.results, by_setting)
-    ordered = sorted(cells.items(), key=lambda kv: (kv[0][0] or "", kv[0][1],
-                                                    rate_bps(kv[0][2])))
-    rows = [r for r in (cell_row(k, runs) for k, runs in ordered) if r is not None]
-    if not rows and by_setting and not any("auto" in runs for runs in cells.values()):
-        rows = [fastest_row(k, runs) for k, runs in ordered]
-        result = {"rows": rows, "summary": summary(cells, []), "results": list(args.results)}
-        print(format_table(rows, ["workload", "shape", "rate", "fastest", "fastest_s"]))
-        print()
-        print(format_table(result["summary"], ["algorithm", "cells", "missed", "geomean_s"]))
-        save_if_asked(args.json, result)
-        return result
+ROW_COLUMNS = ["workload", "shape", "rate", "auto_s", "auto_choice", "fastest", "fastest_s",
+               "vs_fastest", "probe_bound_by", "fidelity"]
+
+
+def _ordered(cells: dict) -> list:
+    return sorted(cells.items(), key=lambda kv: (kv[0][0] or "", kv[0][1], rate_bps(kv[0][2]),
+                                                 *(str(k) for k in kv[0][3:])))
+
+
+def _judged(cells: dict, columns: list[str]) -> dict:
+    """The rows and summary of cells holding auto, printed: the targets' verdict."""
+    rows = [r for r in (cell_row(k, runs) for k, runs in _ordered(cells)) if r is not None]
     if not rows:
         raise ValueError("--results hold no cell with an auto run and a fixed choice (give "
                          "--by-setting to compare settings without auto)")
-    result = {"rows": rows, "summary": summary(cells, rows),
-              "targets": {"within": WITHIN, "share": SHARE, "worst": WORST},
-              "results": list(args.results)}
-    print(format_table(rows, ["workload", "shape", "rate", "auto_s", "auto_choice", "fastest",
-                              "fastest_s", "vs_fastest", "probe_bound_by", "fidelity"]))
+    result = {"rows": rows, "summary": summary(cells, rows)}
+    print(format_table(rows, columns))
     print()
     print(format_table(result["summary"], ["algorithm", "cells", "missed", "geomean_s"]))
     auto = next((r for r in result["summary"] if "within_10pct_share" in r), None)
@@ -170,6 +217,39 @@ def judge(args) -> dict:
               f"{auto['worst_vs_fastest'] or 'a miss'}x (target <= {WORST}: "
               f"{'met' if auto['meets_worst'] else 'missed'}); lowest geometric mean: "
               f"{'yes' if auto['lowest_geomean'] else 'no'}")
+    return result
+
+
+def judge(args) -> dict:
+    """The cells and the summary (what ``--json`` writes), printed as two tables; with
+    ``over_seeds`` the (cell, seed) rows first, then the cells by median over the seeds."""
+    for path in args.results:
+        if not Path(path).is_file():
+            raise ValueError(f"--results: {path} is not a file")
+    by_setting = bool(getattr(args, "by_setting", False))
+    by_seed = bool(getattr(args, "over_seeds", False))
+    cells = _cells(args.results, by_setting, by_seed)
+    has_auto = any("auto" in runs for runs in cells.values())
+    if by_setting and not by_seed and not has_auto:
+        rows = [fastest_row(k, runs) for k, runs in _ordered(cells)]
+        result = {"rows": rows, "summary": summary(cells, []), "results": list(args.results)}
+        print(format_table(rows, ["workload", "shape", "rate", "fastest", "fastest_s"]))
+        print()
+        print(format_table(result["summary"], ["algorithm", "cells", "missed", "geomean_s"]))
+        save_if_asked(args.json, result)
+        return result
+    targets = {"within": WITHIN, "share": SHARE, "worst": WORST}
+    if by_seed:
+        print("every (cell, seed):")
+        per_seed = _judged(cells, ROW_COLUMNS[:3] + ["seed"] + ROW_COLUMNS[3:])
+        print("\nevery cell, each algorithm's median time over its seeds:")
+        medians = _judged(over_seeds(cells), ROW_COLUMNS[:3] + ["seeds"] + ROW_COLUMNS[3:])
+        result = {**medians, "per_seed_rows": per_seed["rows"],
+                  "per_seed_summary": per_seed["summary"], "targets": targets,
+                  "results": list(args.results)}
+    else:
+        result = {**_judged(cells, ROW_COLUMNS), "targets": targets,
+                  "results": list(args.results)}
     save_if_asked(args.json, result)
     return result
 
@@ -187,5 +267,8 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--by-setting", action="store_true",
                         help="name fixed runs by PowerSGD's rank and a sparse algorithm's "
                              "density too (races of one method at several settings)")
+    parser.add_argument("--over-seeds", action="store_true",
+                        help="results of the same cells at several seeds: judge every (cell, "
+                             "seed), then every cell by each algorithm's median over its seeds")
     parser.add_argument("--json", default=None, help="write the table and summary here")
     parser.set_defaults(func=run)
