@@ -110,9 +110,12 @@ def test_cli_prints_the_ranking_and_writes_json(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--inter-node-bandwidth", "fast"], "inter_node_bandwidth"),
+    (["--inter-node-bandwidth", "fast"],
+     "--inter-node-bandwidth must be a number followed by a unit"),
     (["--inter-node-bandwidth", "50mbit", "--workload", "lm"],
-     "no steps to target measured for lm on 2 x 2"),
+     "--workload 'lm': the steps files hold only ['mnist']"),
+    (["--inter-node-bandwidth", "50mbit", "--nodes", "1"],
+     "--nodes 1: one node has no inter-node link"),
     (["--inter-node-bandwidth", "50mbit", "--nodes", "3"],
      "no steps to target measured for mnist on 3 x 2"),
     (["--inter-node-bandwidth", "50mbit", "--calibrate-at", "10mbit"],

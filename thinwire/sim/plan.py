@@ -272,6 +272,11 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
     if workload is None:
         raise ValueError(f"--workload: the steps files hold {workloads_seen or 'no runs'}; "
                          f"name one")
+    for name, value, least in (("nodes", nodes, 2), ("ranks_per_node", ranks_per_node, 1)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < least):
+            raise ValueError(f"{name} must be an integer >= {least} (None: the "
+                             f"calibration's), got {value!r}")
     nodes = nodes or runs[0].nodes
     ranks_per_node = ranks_per_node or runs[0].ranks_per_node
     work, entries = entries_for(table, workload, nodes, ranks_per_node)

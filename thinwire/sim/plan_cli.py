@@ -1,6 +1,6 @@
 r"""`thinwire plan`: what to run on a cluster, ranked by predicted time to target.
 
-    thinwire plan --calibrate results/sweep/mnist/results.json --calibrate-at 200mbit \
+    thinwire plan --calibrate docs/results/sweep/mnist_results.json --calibrate-at 200mbit \
         --inter-node-bandwidth 100mbit --json results/plan.json
 
 The step time of every candidate comes from the cost model calibrated on measured runs
@@ -46,11 +46,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def parse_rates(values: list[str]) -> list[str]:
     """Link rates from --inter-node-bandwidth values (comma-separated, repeatable), each checked."""
-    from thinwire.sim.calibrate import rate_bps
+    from thinwire.cluster.spec import parse_rate
 
     rates = [r for v in values for r in v.split(",") if r.strip()]
     for rate in rates:
-        rate_bps(rate)  # a clear error naming --inter-node-bandwidth's value
+        if rate.strip().lower() not in ("none", "unshaped"):
+            parse_rate(rate.strip(), "--inter-node-bandwidth")  # names the flag and value
     return rates
 
 
@@ -129,10 +130,23 @@ def add_plan_inputs(p: argparse.ArgumentParser) -> None:
 
 
 def check_plan_inputs(args) -> None:
-    """Every input file exists (before the fit: a minute where it is large)."""
+    """Every input file exists, --workload is one the steps files hold and the cluster has an
+    inter-node link (before the fit: a minute where it is large)."""
+    from thinwire.sim.steps import read_table
+
     for path in args.calibrate + (args.steps_from or []):
         if not Path(path).is_file():
             raise FileNotFoundError(f"plan input not found: {path}")
+    if args.nodes == 1:
+        raise ValueError("--nodes 1: one node has no inter-node link to plan for; the plan "
+                         "needs --nodes 2 or more")
+    if args.workload is not None:
+        table, _ = read_table(args.steps_from or args.calibrate, args.steps_to)
+        held = sorted({w.workload for w in table})
+        if args.workload not in held:
+            raise ValueError(f"--workload {args.workload!r}: the steps files hold only "
+                             f"{held or 'no usable runs'}; name one of them, or give "
+                             f"--steps-from races of {args.workload!r}")
 
 
 def main(args) -> int:
