@@ -143,6 +143,9 @@ def parse_bandwidth_schedule(value: str, param: str = "bandwidth_schedule"
 
 
 def _schedule_time(text: str, param: str) -> float:
+    if text.strip().startswith("-"):
+        raise ValueError(f"{param}: time {text.strip()!r} is negative; times are seconds "
+                         f"after the job starts, >= 0 (like '0s' or '40s')")
     number, unit = _split(f"{param} time", text, "'40s'", "units: " + ", ".join(SCHEDULE_TIME_UNITS))
     if unit not in SCHEDULE_TIME_UNITS:
         raise ValueError(f"{param}: time {text.strip()!r} needs a unit, one of "
