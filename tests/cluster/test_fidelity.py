@@ -9,7 +9,8 @@ import textwrap
 import pytest
 
 from thinwire.cluster import ClusterSpec, run
-from thinwire.cluster.fidelity import assess, rate_at
+from thinwire.cluster.fidelity import assess, rate_at, run_queue
+from thinwire.cluster.netns import parse_qdisc_drops
 
 
 def _stats(rates_mbit: list[float], host_busy: list[float], throttled_s: float = 0.0) -> dict:
@@ -51,6 +52,28 @@ def test_the_schedule_sets_the_rate_a_node_is_measured_against():
     assert assess(_stats([5] * 10 + [19] * 20, [0.1] * 30), spec)["verdict"] == "link"
 
 
+def test_qdisc_drops_and_the_run_queue_are_reported():
+    stats = _stats([95] * 20, [1.0] * 20)
+    stats["qdisc_drops"] = [{"node": 0, "dropped": 12, "overlimits": 400, "read": True}]
+    stats["host"]["run_queue"] = [1, 3, 3, 5] + [None] * 16  # None: a sample not read
+    result = assess(stats, SPEC)
+    assert result["nodes"][0]["qdisc_dropped"] == 12
+    assert result["host_run_queue_max"] == 5 and result["host_run_queue_median"] == 3
+    assert run_queue([1, 3, 3, 5], cores=2)["host_run_queue_over_cores_share"] == 0.75
+    assert run_queue([None]) == {}
+    # a node whose counters could not be read has none, not zero
+    stats["qdisc_drops"][0]["read"] = False
+    assert assess(stats, SPEC)["nodes"][0]["qdisc_dropped"] is None
+
+
+def test_a_root_qdisc_s_counters_are_read_from_tc_json():
+    out = ('[{"kind":"htb","handle":"1:","root":true,"drops":7,"overlimits":31,"bytes":10},'
+           '{"kind":"pfifo","handle":"8001:","parent":"1:10","drops":7,"overlimits":0}]')
+    assert parse_qdisc_drops(out) == (7, 31)
+    assert parse_qdisc_drops("") is None and parse_qdisc_drops("not json") is None
+    assert parse_qdisc_drops('[{"kind":"pfifo","parent":"1:10"}]') is None
+
+
 SENDER = textwrap.dedent("""
     import os, socket, time
     rank = int(os.environ["RANK"])
@@ -79,3 +102,6 @@ def test_a_run_that_drives_its_link_is_judged_link_bound(cluster_leaks, tmp_path
     fidelity = json.loads(stats.read_text())["fidelity"]
     assert fidelity["verdict"] == "link", fidelity
     assert fidelity["nodes"][0]["link_peak_share"] >= 0.8
+    # a TCP stream into a 20 Mbit/s queue overflows it now and then; counted, not guessed
+    assert all(isinstance(n["qdisc_dropped"], int) for n in fidelity["nodes"]), fidelity
+    assert fidelity["host_run_queue_max"] >= 0

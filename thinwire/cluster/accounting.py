@@ -51,6 +51,16 @@ def read_net_dev(pid: int) -> dict[str, tuple[int, int]]:
     return counters
 
 
+def read_run_queue() -> int | None:
+    """Tasks runnable on the host now, this reader not counted (/proc/loadavg's fourth field,
+    'running/total'); None where it cannot be read."""
+    try:
+        running = Path("/proc/loadavg").read_text().split()[3].split("/")[0]
+        return max(int(running) - 1, 0)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class NodeMonitor:
     """Samples every node of a run in a background thread. `start()`, then `stop()`, then
     `report()` (before the cgroups are removed)."""
@@ -62,7 +72,9 @@ class NodeMonitor:
         self.series = [{"t": [], "cpu_seconds": [], "memory_bytes": [], "tx_bytes": [],
                         "rx_bytes": [], "lo_bytes": []} for _ in range(nodes)]
         self._last_net = [(0, 0, 0)] * nodes
-        self.host = {"t": [], "cpu_busy": []}  # the host's CPU busy share per interval
+        # the host's CPU busy share per interval, and its run queue (tasks ready to run,
+        # the sampler itself not counted) at the sample: more than its cores, CPUs were short
+        self.host = {"t": [], "cpu_busy": [], "run_queue": []}
         self._last_cpu: tuple[int, int] | None = None
         self._oom_base = [cgroups.oom_kills(i) if cgroups else 0 for i in range(nodes)]
         self.oom: NodeOutOfMemory | None = None
@@ -112,6 +124,7 @@ class NodeMonitor:
             self.host["t"].append(round(t, 4))
             self.host["cpu_busy"].append(
                 round((busy - self._last_cpu[0]) / (total - self._last_cpu[1]), 4))
+            self.host["run_queue"].append(read_run_queue())
         self._last_cpu = (busy, total)
 
     def sample(self) -> None:

@@ -9,7 +9,14 @@ the host's CPU busy share, each node's CPU throttling) this says, per node and f
   least then;
 * ``busy_share``: of the intervals in which the node sent anything worth counting (more than
   5% of its link rate), the share in which the host's CPUs were saturated (>= 95% busy);
-* ``throttled_s``: time its CPU quota held the node back (node budgets).
+* ``throttled_s``: time its CPU quota held the node back (node budgets);
+* ``qdisc_dropped``: packets its links' queues dropped, both directions (a full queue at the
+  shaped rate: TCP resends them, so the wire was the limit then; many, and the goodput lies
+  under the rate by the resends).
+
+and for the host, beside the share of intervals it was saturated, its run queue (tasks ready
+to run) over the run: its median and maximum, and the share of intervals in which it was
+longer than the host's cores (work waiting for a CPU: the host set some of the pace).
 
 Verdict: ``link`` when some node drove its link to >= 80% of its rate; else ``host`` when the
 host was saturated during at least half the intervals with traffic, or a node was throttled
@@ -22,6 +29,9 @@ from __future__ import annotations
 
 # the rules auto's link probe applies too (one declaration): a node's best second reached
 # LINK_BOUND of its rate: the wire bound it; an interval SATURATED busy: the host was saturated
+import os
+import statistics
+
 from thinwire.link_probe import LINK_BOUND, SATURATED, THROTTLED
 
 HOST_BOUND = 0.5       # share of the traffic intervals with a saturated host
@@ -57,6 +67,7 @@ def assess(stats: dict, spec) -> dict:
     busy_at = dict(zip(host["t"], host["cpu_busy"]))
     duration = max((n["series"]["t"][-1] for n in stats["nodes"] if n["series"]["t"]),
                    default=0.0)
+    drops = {d["node"]: d["dropped"] for d in stats.get("qdisc_drops") or [] if d.get("read")}
     nodes = []
     for node in stats["nodes"]:
         s = node["series"]
@@ -77,7 +88,8 @@ def assess(stats: dict, spec) -> dict:
         nodes.append({"node": node["node"], "link_peak_share": peak_share,
                       "traffic_intervals": traffic,
                       "busy_share": round(saturated / traffic, 3) if traffic else None,
-                      "throttled_s": node.get("throttled_s")})
+                      "throttled_s": node.get("throttled_s"),
+                      "qdisc_dropped": drops.get(node["node"])})
     link = any((n["link_peak_share"] or 0) >= LINK_BOUND for n in nodes)
     hosted = any((n["busy_share"] or 0) >= HOST_BOUND for n in nodes) or any(
         duration and (n["throttled_s"] or 0) > THROTTLED * duration for n in nodes)
@@ -85,4 +97,17 @@ def assess(stats: dict, spec) -> dict:
     return {"verdict": verdict, "nodes": nodes, "duration_s": round(duration, 3),
             "host_cpu_saturated_share": round(
                 sum(b >= SATURATED for b in host["cpu_busy"]) / len(host["cpu_busy"]), 3)
-            if host["cpu_busy"] else None}
+            if host["cpu_busy"] else None, **run_queue(host.get("run_queue") or [])}
+
+
+def run_queue(samples: list, cores: int | None = None) -> dict:
+    """The host's run queue over the run: median, maximum, and the share of samples longer
+    than its ``cores`` (default: this machine's)."""
+    queue = [q for q in samples if q is not None]
+    if not queue:
+        return {}
+    cores = cores or os.cpu_count() or 1
+    return {"host_run_queue_median": statistics.median(queue),
+            "host_run_queue_max": max(queue),
+            "host_run_queue_over_cores_share": round(sum(q > cores for q in queue)
+                                                     / len(queue), 3)}

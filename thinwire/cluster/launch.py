@@ -409,6 +409,8 @@ def _collect_stats(network: Network | None, monitors: list[NodeMonitor],
     stats = {"run_id": network.run_id, "spec": network.spec.describe(), "status": status,
              "cgroups": network.node_cgroups is not None, **monitor.report()}
     stats["link_classes"] = network.class_stats()
+    if network.spec.shaping:
+        stats["qdisc_drops"] = network.qdisc_drops()
     stats["fidelity"] = assess_fidelity(stats, network.spec)
     log.info("fidelity: %s-bound (best second of each node's link: %s of its rate; host "
              "saturated during %s of the traffic)", stats["fidelity"]["verdict"],

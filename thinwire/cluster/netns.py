@@ -166,6 +166,21 @@ def rate_change_commands(dev: str, rate_bps: int,
     return [qos.htb_class("change", dev, "1:", "1:10", rate, rate, burst)]
 
 
+def parse_qdisc_drops(tc_json: str) -> tuple[int, int] | None:
+    """(drops, overlimits) of a device's root qdisc from ``tc -s -j qdisc show``'s output
+    (its children's are counted in the root's); None where it cannot be read."""
+    try:
+        qdiscs = json.loads(tc_json or "null")
+    except ValueError:
+        return None
+    if not isinstance(qdiscs, list):
+        return None
+    root = next((q for q in qdiscs if isinstance(q, dict) and q.get("root")), None)
+    if root is None:
+        return None
+    return int(root.get("drops", 0)), int(root.get("overlimits", 0))
+
+
 def rail_address(node_address: str, link: int) -> str:
     """10.77.0.<n> -> 10.77.<link>.<n>: a node's address on its link ``link``."""
     first, second, _, last = node_address.split(".")
@@ -376,6 +391,26 @@ class Network:
                     for row in qos.parse_class_stats(out, classes):
                         rows.append({"node": i, "direction": direction, **row}
                                     | ({"link": k} if self.spec.links_per_node > 1 else {}))
+        return rows
+
+    def qdisc_drops(self) -> list[dict]:
+        """Per node, the packets its links' qdiscs dropped (a full queue: the shaped link's
+        overflow, which TCP repairs by resending) and held back over the rate (overlimits),
+        both directions: the node's egress and the switch port towards it (tc -s)."""
+        rows = []
+        for i in range(self.spec.nodes):
+            row = {"node": i, "dropped": 0, "overlimits": 0, "read": True}
+            for k, (port, dev, _) in enumerate(self.links(i, self.spec.links_per_node)):
+                for ns, name in ((self.node_ns(i), dev), (self.switch_ns, port)):
+                    out = sh("tc", "-n", ns, "-s", "-j", "qdisc", "show", "dev", name,
+                             check=False).stdout
+                    counts = parse_qdisc_drops(out)
+                    if counts is None:
+                        row["read"] = False
+                        continue
+                    row["dropped"] += counts[0]
+                    row["overlimits"] += counts[1]
+            rows.append(row)
         return rows
 
     def _wait_links_up(self, timeout_s: float = 5.0) -> None:
