@@ -38,3 +38,46 @@ def train_with_replanning(rank, world, results_path, rates_bps, max_iters=6):
     return {"summary": summary if rank == 0 else None,
             "old_steps_at_switch": seen.get("old_steps"),
             "old_steps_at_end": getattr(old, "steps", None)}
+
+
+def _auto_config(results_path, world, stop_at_target=True, **train):
+    return CompareSettings(workload="mnist", algorithms=["auto"], nodes=world, ranks_per_node=1,
+                           stop_at_target=stop_at_target, train={"plan_from": results_path, "replan_every_s": 1e-9,
+                                  "compute_probe_iters": 0, **train}).run_config("auto")
+
+
+def switch_checkpoint_and_resume(rank, world, results_path, rates_bps, directory):
+    """Train with auto, switching at step 4 where a checkpoint is due too, then resume from
+    the checkpoints with --algorithm auto."""
+    import dataclasses
+
+    from thinwire.train import checkpoint
+    auto.probe_inter_node = _scripted_probe(rates_bps)
+    saved, real_save = [], checkpoint.save
+
+    def save(path, r, payload):
+        saved.append(payload["step"])
+        return real_save(path, r, payload)
+    checkpoint.save = save
+    cfg = _auto_config(results_path, world, max_iters=6, checkpoint=directory,
+                       checkpoint_every=4)
+    first = loop.train(cfg)
+    # the restart sees the slow link again, where the plan's choice is hitopk: it goes on
+    # with the checkpoint's (allreduce), whose state the checkpoint holds
+    auto.probe_inter_node = _scripted_probe([5e7])
+    resumed = loop.train(dataclasses.replace(cfg, replan_every_s=0.0, resume=directory,
+                                             max_iters=8))
+    return {"first": first if rank == 0 else None, "saved": saved,
+            "resumed": resumed if rank == 0 else None}
+
+
+def replan_without_evaluations(rank, world, results_path, rates_bps):
+    """--eval-every 0: the checks come at the end of each epoch (62 steps of 2 x 32 of
+    MNIST's 4,000; two steps into the second)."""
+    import dataclasses
+
+    auto.probe_inter_node = _scripted_probe(rates_bps)
+    cfg = _auto_config(results_path, world, stop_at_target=False, max_iters=64)
+    cfg = dataclasses.replace(cfg, eval_every=0)
+    summary = loop.train(cfg)
+    return {"summary": summary if rank == 0 else None}

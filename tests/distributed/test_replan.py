@@ -51,3 +51,32 @@ def test_a_steady_link_or_a_small_promise_keeps_the_first_choice(tmp_path):
     assert 0 < moved["predicted_gain"] < 0.1 and moved["kept"].startswith("hitopk")
     assert len(steady) == 2 and all(abs(c["change"]) <= 0.3 and "kept" in c and
                                     "planned_at_bps" not in c for c in steady)
+
+
+def test_a_checkpoint_due_at_a_switch_waits_for_its_flush_and_auto_resumes_its_choice(
+        tmp_path):
+    path = _results(tmp_path, ranks_per_node=1)
+    results = run_ranks(replan_workers.switch_checkpoint_and_resume, 2, str(path),
+                        [5e7, 5e7, 1e9, 1e9], str(tmp_path / "ckpt"))
+    replanning = results[0]["first"]["auto"]["replanning"]
+    [switch] = replanning["switches"]
+    assert switch["step"] == 4 and switch["flushed"]["l1"] > 0
+    assert replanning["final_settings"]["algorithm"] == "allreduce"
+    assert results[0]["first"]["auto"]["settings"]["algorithm"] == "hitopk"
+    for r in results:
+        # step 4's checkpoint would have lost the flush (held for step 5's optimizer step)
+        assert r["saved"][:2] == [5, 6], r["saved"]
+    resumed = results[0]["resumed"]
+    assert resumed["steps"] == 8 and resumed["algorithm"] == "allreduce"
+    assert resumed["auto"]["resumed"]["step"] == 6
+    assert resumed["auto"]["resumed"]["plan_now"].startswith("hitopk")
+
+
+def test_without_evaluations_between_epochs_the_checks_come_at_each_epochs_end(tmp_path):
+    path = _results(tmp_path, ranks_per_node=1)
+    results = run_ranks(replan_workers.replan_without_evaluations, 2, str(path),
+                        [5e7, 1e9, 1e9])
+    replanning = results[0]["summary"]["auto"]["replanning"]
+    [check] = replanning["checks"]  # at the first epoch's end; none after the last
+    assert check["switched_to"].startswith("allreduce")
+    assert replanning["switches"][0]["step"] == check["step"] == 62

@@ -45,13 +45,38 @@ def test_auto_refuses_a_cluster_shape_without_steps(tmp_path):
     ({"plan_from": ""}, "--algorithm auto needs --plan-from"),
     ({"plan_from": "/nonexistent/results.json"}, "--plan-from: /nonexistent/results.json is "
                                                  "not a file"),
-    ({"resume": "/tmp/x"}, "--algorithm auto does not resume"),
     ({"density": 0.05}, "--density applies to a sparse algorithm"),
 ])
 def test_auto_settings_are_checked_before_anything_runs(tmp_path, change, message):
     cfg = dataclasses.replace(_cfg(_results(tmp_path)), **change)
     with pytest.raises(ValueError, match=message):
         cfg.validate()
+
+
+def test_a_resumed_run_goes_on_with_the_choice_its_checkpoint_was_written_under(tmp_path):
+    from thinwire.train import auto, checkpoint
+
+    cfg = dataclasses.replace(_cfg(_results(tmp_path)), resume=str(tmp_path / "ckpt"))
+    plan_choice = ({"algorithm": "allreduce"}, {"choice": "allreduce", "reason": "fastest"})
+    hitopk = {"algorithm": "hitopk", "density": 0.05}
+    checkpoint.save(cfg.resume, 0, {"step": 12, "identity": {"algorithm": "hitopk"},
+                                    "auto": {"choice": "hitopk d=0.05", "settings": hitopk}})
+    chosen, info = auto._resumed(cfg, *plan_choice)
+    assert chosen == hitopk and info["choice"] == "hitopk d=0.05"
+    assert info["resumed"] == {"from": cfg.resume, "step": 12, "plan_now": "allreduce"}
+    # not resuming, or --resume-if-present with nothing there: the plan's choice
+    fresh = dataclasses.replace(cfg, resume=None, resume_if_present=True,
+                                checkpoint=str(tmp_path / "empty"))
+    assert auto._resumed(fresh, *plan_choice) == plan_choice
+    # a checkpoint of a run that was not auto's, or a choice this run cannot take
+    checkpoint.save(cfg.resume, 0, {"step": 14, "identity": {"algorithm": "ddp"}})
+    with pytest.raises(ValueError, match="not written by --algorithm auto .* --algorithm ddp"):
+        auto._resumed(cfg, *plan_choice)
+    checkpoint.save(cfg.resume, 0, {"step": 16, "auto": {
+        "choice": "x", "settings": {"algorithm": "hitopk", "no_such_option": 1}}})
+    with pytest.raises(ValueError, match="the choice recorded in its checkpoint .'x'. does not "
+                                         "apply to this run"):
+        auto._resumed(cfg, *plan_choice)
 
 
 def test_the_compute_probe_scales_the_fitted_compute(tmp_path):

@@ -67,9 +67,6 @@ def check_config(cfg) -> None:
     for path in steps_files(cfg)[len(files):]:
         if not Path(path).is_file():
             raise ValueError(f"--plan-steps-from: {path} is not a file")
-    if cfg.resume or cfg.resume_if_present:
-        raise ValueError("--algorithm auto does not resume: resume with the algorithm and "
-                         "settings it chose (the summary's auto.choice)")
     if cfg.waves != 1:
         raise ValueError(f"--algorithm auto trains one wave, got --waves {cfg.waves}")
 
@@ -137,6 +134,7 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
         raise ValueError("--plan-from holds no candidate that reached the target")
     best = rows[0]
     info = {"probe": probe, "planned_at_bps": bps, "choice": best["candidate"],
+            "settings": {"algorithm": best["algorithm"], **best["settings"]},
             "compute": dict(compute, planned_ms=1e3 * plan["compute_s"]),
             "predicted_time_to_target_s": best["time_to_target_s"],
             "runners_up": [{"candidate": r["candidate"], "vs_choice": r["vs_best"]}
@@ -195,6 +193,7 @@ def resolve(cfg, measure_compute=None):
         if dist.get_rank() == 0:
             try:
                 chosen, info = choose(cfg, nodes, probe, compute_ms=compute_ms)
+                chosen, info = _resumed(cfg, chosen, info)
                 message = {"chosen": chosen, "info": info}
             except Exception as exc:  # every rank ends with rank 0's error, none waits on
                 message = {"error": f"{exc}" if isinstance(exc, (ValueError, OSError))
@@ -211,6 +210,51 @@ def resolve(cfg, measure_compute=None):
         resolved = dataclasses.replace(resolved, **reset)
     log.info("auto: %s (%s)", message["info"]["choice"], message["info"]["reason"])
     return resolved.validate(), message["info"]
+
+
+def resume_directory(cfg) -> str | None:
+    """The checkpoint directory this run resumes from, or None (a new run)."""
+    from thinwire.train import checkpoint
+
+    if cfg.resume:
+        return cfg.resume
+    if cfg.resume_if_present and cfg.checkpoint and checkpoint.any_present(cfg.checkpoint):
+        return cfg.checkpoint
+    return None
+
+
+def _resumed(cfg, chosen: dict, info: dict) -> tuple[dict, dict]:
+    """On rank 0, resuming: the choice its checkpoint was written under replaces the plan's
+    (the residuals, velocities and hook state in it are that algorithm's; switching now would
+    drop them), the plan's own choice at the probed rate kept in the record; re-planning goes
+    on from there. Not resuming: (``chosen``, ``info``) as they are."""
+    from thinwire.train import checkpoint
+
+    directory = resume_directory(cfg)
+    saved = checkpoint.saved_choice(directory, 0) if directory else None
+    if saved is None:  # no file: the load says so (a new run under --resume-if-present)
+        return chosen, info
+    entry = saved["auto"]
+    if not (isinstance(entry, dict) and isinstance(entry.get("settings"), dict)
+            and isinstance(entry["settings"].get("algorithm"), str)
+            and isinstance(entry.get("choice"), str)):
+        raise ValueError(f"--resume {directory}: its checkpoint (step {saved['step']}) was not "
+                         f"written by --algorithm auto (no choice recorded); resume it with "
+                         f"--algorithm {saved['identity'].get('algorithm', '?')} and its "
+                         f"settings")
+    from thinwire.train import replan
+
+    settings = dict(entry["settings"])
+    try:  # a key no configuration has, or a value it refuses: named before anything loads
+        replan.resolved(cfg, settings)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"--resume {directory}: the choice recorded in its checkpoint "
+                         f"({entry['choice']!r}) does not apply to this run: {exc}") from None
+    info = dict(info, choice=entry["choice"], settings=settings,
+                resumed={"from": directory, "step": saved["step"], "plan_now": info["choice"]},
+                reason=f"resumed with the choice its checkpoint was written under (the plan "
+                       f"at the probed rate: {info['choice']})")
+    return settings, info
 
 
 # probes the link, asks the plan, then runs its choice

@@ -120,6 +120,25 @@ def read(path: Path, rank: int, max_bytes: int | None = None) -> dict:
     return safefile.decode(data, MAGIC, str(path), file_key(rank))
 
 
+def saved_choice(directory: str | os.PathLike, rank: int) -> dict | None:
+    """What ``--algorithm auto`` was running when it wrote ``rank``'s newest intact checkpoint
+    in ``directory`` (a resumed auto run goes on with it: its residuals are that algorithm's):
+    ``{"auto": {"choice", "settings"} or None, "step", "identity"}``; None where ``rank`` has
+    no intact file. Not checked against the run: :func:`load` does that."""
+    for candidate in (rank_file(directory, rank), previous_file(directory, rank)):
+        if not candidate.is_file():
+            continue
+        try:
+            payload = read(candidate, rank)
+        except safefile.CorruptFile as exc:
+            log.warning("rank %d: %s", rank, exc)
+            continue
+        if isinstance(payload, dict):
+            return {"auto": payload.get("auto"), "step": payload.get("step"),
+                    "identity": payload.get("identity") or {}}
+    return None
+
+
 def check_identity(payload: dict, directory, config, world_size: int) -> None:
     saved = payload.get("identity", {})
     if is_sparse(config.algorithm):  # written before these options existed: they were off

@@ -291,7 +291,12 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
                 "scheduler": sched.state_dict(),
                 "scaler": scaler.state_dict() if scaler is not None else None,
                 "hook": sync.state_dict(), "step": step, "epoch": epoch, "position": position,
-                "metrics": metrics.state_dict(), "run": run_id})
+                "metrics": metrics.state_dict(), "run": run_id,
+                # --algorithm auto's current choice: what a resumed auto run goes on with
+                "auto": None if chosen is None else {
+                    "choice": replanner.current if replanner else chosen.get("choice"),
+                    "settings": replanner.current_settings if replanner
+                    else chosen.get("settings")}})
 
     def run_eval():
         with noting(rank, "evaluating", step):
@@ -323,7 +328,7 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
 
     if rank == 0:
         say_training_started()
-    stopped = False
+    stopped, deferred_save = False, False
     while step < total_steps and not stopped and not metrics.stop_reason:
         batches = data.rank_batches(len(ds), cfg.batch_size, rank, world, cfg.seed, epoch)
         while position < len(batches) and step < total_steps and not stopped \
@@ -343,8 +348,13 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
             if cfg.eval_every and step % cfg.eval_every == 0:
                 run_eval()
                 maybe_replan()
-            if cfg.checkpoint and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                save_checkpoint()
+            if cfg.checkpoint and cfg.checkpoint_every and \
+                    (step % cfg.checkpoint_every == 0 or deferred_save):
+                # a switch at this step left its flush for the next optimizer step: a
+                # checkpoint now would hold neither the residuals nor the flush
+                deferred_save = bool(switches) and switches[-1]["step"] == step
+                if not deferred_save:
+                    save_checkpoint()
             stopped = bool(cfg.stop_after) and step - start_step >= cfg.stop_after
         epoch_done = position >= len(batches)
         if epoch_done:
@@ -352,6 +362,8 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
         if not cfg.eval_every and (epoch_done or step >= total_steps) \
                 and not metrics.stop_reason:
             run_eval()
+            if step < total_steps:
+                maybe_replan()
     with noting(rank, "finishing the last exchange", step):
         sync.finish(stopped)  # DiLoCo: an exchange in flight lands before the final evaluation
     tx_end = interface_tx_bytes()

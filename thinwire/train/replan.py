@@ -56,6 +56,7 @@ class Replanner:
         self.basis = info["probe"]["goodput_Bps"]  # the goodput the current plan was made at
         self.compute_ms = (info.get("compute") or {}).get("probed_ms")  # the first choice's
         self.current = info["choice"]
+        self.current_settings = info.get("settings")  # what --resume needs to run it again
         self.checked_at_s = 0.0
         self.pace: float | None = None  # seconds a step at the last check (or switch)
         self.events: list[dict] = []  # every check and switch, for the summary
@@ -156,7 +157,7 @@ class Replanner:
         self.events.append(event)
         log.info("auto: the link moved %+.0f%%; switching from %s to %s at step %d",
                  100 * change, self.current, message["choice"], step)
-        self.current = message["choice"]
+        self.current, self.current_settings = message["choice"], message["chosen"]
         return message["chosen"]
 
 
@@ -236,4 +237,4 @@ def record(replanner: Replanner | None, switches: list) -> dict | None:
         return None
     return {"every_s": replanner.every_s, "share": replanner.share,
             "checks": replanner.events, "switches": switches,
-            "final_choice": replanner.current}
+            "final_choice": replanner.current, "final_settings": replanner.current_settings}
