@@ -67,8 +67,8 @@ def test_qdisc_drops_and_the_run_queue_are_reported():
 
 
 def test_a_root_qdisc_s_counters_are_read_from_tc_json():
-    out = ('[{"kind":"htb","handle":"1:","root":true,"drops":7,"overlimits":31,"bytes":10},'
-           '{"kind":"pfifo","handle":"8001:","parent":"1:10","drops":7,"overlimits":0}]')
+    out = ('[{"kind":"pfifo","handle":"8001:","parent":"1:10","drops":5,"overlimits":0},'
+           '{"kind":"htb","handle":"1:","root":true,"drops":7,"overlimits":31,"bytes":10}]')
     assert parse_qdisc_drops(out) == (7, 31)
     assert parse_qdisc_drops("") is None and parse_qdisc_drops("not json") is None
     assert parse_qdisc_drops('[{"kind":"pfifo","parent":"1:10"}]') is None

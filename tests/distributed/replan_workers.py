@@ -18,7 +18,7 @@ def _scripted_probe(rates_bps):
     return probe
 
 
-def train_with_replanning(rank, world, results_path, rates_bps, max_iters=6):
+def train_with_replanning(rank, world, results_path, rates_bps, max_iters=7):
     auto.probe_inter_node = _scripted_probe(rates_bps)
     seen = {}
     real_switch = replan.switch
@@ -47,8 +47,9 @@ def _auto_config(results_path, world, stop_at_target=True, **train):
 
 
 def switch_checkpoint_and_resume(rank, world, results_path, rates_bps, directory):
-    """Train with auto, switching at step 4 where a checkpoint is due too, then resume from
-    the checkpoints with --algorithm auto."""
+    """Train with auto, switching at step 4 where a checkpoint is due too (its two files then
+    straddle the switch: step 2 under hitopk, step 5 under allreduce), then resume from them
+    with --algorithm auto."""
     import dataclasses
 
     from thinwire.train import checkpoint
@@ -59,8 +60,8 @@ def switch_checkpoint_and_resume(rank, world, results_path, rates_bps, directory
         saved.append(payload["step"])
         return real_save(path, r, payload)
     checkpoint.save = save
-    cfg = _auto_config(results_path, world, max_iters=6, checkpoint=directory,
-                       checkpoint_every=4)
+    cfg = _auto_config(results_path, world, max_iters=5, checkpoint=directory,
+                       checkpoint_every=2)
     first = loop.train(cfg)
     # the restart sees the slow link again, where the plan's choice is hitopk: it goes on
     # with the checkpoint's (allreduce), whose state the checkpoint holds

@@ -61,22 +61,43 @@ def test_a_resumed_run_goes_on_with_the_choice_its_checkpoint_was_written_under(
     hitopk = {"algorithm": "hitopk", "density": 0.05}
     checkpoint.save(cfg.resume, 0, {"step": 12, "identity": {"algorithm": "hitopk"},
                                     "auto": {"choice": "hitopk d=0.05", "settings": hitopk}})
-    chosen, info = auto._resumed(cfg, *plan_choice)
+    files = [checkpoint.saved_choices(cfg.resume, 0)]
+    chosen, info = auto._resumed(cfg, *plan_choice, cfg.resume, files)
     assert chosen == hitopk and info["choice"] == "hitopk d=0.05"
     assert info["resumed"] == {"from": cfg.resume, "step": 12, "plan_now": "allreduce"}
     # not resuming, or --resume-if-present with nothing there: the plan's choice
-    fresh = dataclasses.replace(cfg, resume=None, resume_if_present=True,
-                                checkpoint=str(tmp_path / "empty"))
-    assert auto._resumed(fresh, *plan_choice) == plan_choice
+    assert auto._resumed(cfg, *plan_choice, None, [[]]) == plan_choice
+    assert auto._resumed(cfg, *plan_choice, cfg.resume, [[], []]) == plan_choice
     # a checkpoint of a run that was not auto's, or a choice this run cannot take
     checkpoint.save(cfg.resume, 0, {"step": 14, "identity": {"algorithm": "ddp"}})
     with pytest.raises(ValueError, match="not written by --algorithm auto .* --algorithm ddp"):
-        auto._resumed(cfg, *plan_choice)
+        auto._resumed(cfg, *plan_choice, cfg.resume, [checkpoint.saved_choices(cfg.resume, 0)])
     checkpoint.save(cfg.resume, 0, {"step": 16, "auto": {
         "choice": "x", "settings": {"algorithm": "hitopk", "no_such_option": 1}}})
     with pytest.raises(ValueError, match="the choice recorded in its checkpoint .'x'. does not "
                                          "apply to this run"):
-        auto._resumed(cfg, *plan_choice)
+        auto._resumed(cfg, *plan_choice, cfg.resume, [checkpoint.saved_choices(cfg.resume, 0)])
+
+
+def _file(step, choice):
+    return {"step": step, "algorithm": choice, "auto": {"choice": choice,
+                                                        "settings": {"algorithm": choice}}}
+
+
+def test_the_resumed_choice_is_that_of_the_newest_step_every_rank_holds():
+    from thinwire.train.auto import resumable_choice
+
+    # rank 0 wrote step 5 after a switch, rank 1 was lost before it: step 2 (hitopk) for all
+    per_rank = [[_file(5, "allreduce"), _file(2, "hitopk")], [_file(2, "hitopk")]]
+    assert resumable_choice(per_rank)["auto"]["choice"] == "hitopk"
+    # rank 0's newest file corrupt (left out): the same
+    per_rank = [[_file(2, "hitopk")], [_file(5, "allreduce"), _file(2, "hitopk")]]
+    assert resumable_choice(per_rank)["step"] == 2
+    # both wrote step 5: its choice
+    assert resumable_choice([[_file(5, "allreduce"), _file(2, "hitopk")]] * 2)["step"] == 5
+    # the ranks disagree on a step's choice, or share none: nothing (the load says why)
+    assert resumable_choice([[_file(5, "allreduce")], [_file(5, "hitopk")]]) is None
+    assert resumable_choice([[_file(5, "allreduce")], []]) is None
 
 
 def test_the_compute_probe_scales_the_fitted_compute(tmp_path):

@@ -10,9 +10,9 @@ the host's CPU busy share, each node's CPU throttling) this says, per node and f
 * ``busy_share``: of the intervals in which the node sent anything worth counting (more than
   5% of its link rate), the share in which the host's CPUs were saturated (>= 95% busy);
 * ``throttled_s``: time its CPU quota held the node back (node budgets);
-* ``qdisc_dropped``: packets its links' queues dropped, both directions (a full queue at the
-  shaped rate: TCP resends them, so the wire was the limit then; many, and the goodput lies
-  under the rate by the resends).
+* ``qdisc_dropped``: packets its links' queues dropped, both directions: a full queue at the
+  shaped rate (TCP resends them: the wire was the limit then; many, and the goodput lies under
+  the rate by the resends), plus the emulated loss where the spec has ``loss``.
 
 and for the host, beside the share of intervals it was saturated, its run queue (tasks ready
 to run) over the run: its median and maximum, and the share of intervals in which it was

@@ -48,10 +48,10 @@ def parse_rates(values: list[str]) -> list[str]:
     """Link rates from --inter-node-bandwidth values (comma-separated, repeatable), each checked."""
     from thinwire.cluster.spec import parse_rate
 
-    rates = [r for v in values for r in v.split(",") if r.strip()]
+    rates = [r.strip() for v in values for r in v.split(",") if r.strip()]
     for rate in rates:
-        if rate.strip().lower() not in ("none", "unshaped"):
-            parse_rate(rate.strip(), "--inter-node-bandwidth")  # names the flag and value
+        if rate.lower() not in ("none", "unshaped"):
+            parse_rate(rate, "--inter-node-bandwidth")  # names the flag and value
     return rates
 
 

@@ -150,6 +150,22 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
     return {"algorithm": best["algorithm"], **best["settings"]}, info
 
 
+def gather_json(payload, group) -> list:
+    """Every rank's ``payload``, in rank order, on every rank (JSON bytes over ``group``, a
+    gloo group, as :func:`broadcast_json`)."""
+    data = json.dumps(payload).encode()
+    world = dist.get_world_size(group)
+    lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(lengths, torch.tensor([len(data)], dtype=torch.int64), group=group)
+    size = max(int(n.item()) for n in lengths)
+    mine = torch.zeros(size, dtype=torch.uint8)
+    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    buffers = [torch.zeros(size, dtype=torch.uint8) for _ in range(world)]
+    dist.all_gather(buffers, mine, group=group)
+    return [json.loads(bytes(b[:int(n.item())].tolist()).decode())
+            for b, n in zip(buffers, lengths)]
+
+
 def broadcast_json(payload: dict | None, group) -> dict:
     """Rank 0's ``payload`` on every rank (JSON bytes over ``group``, a gloo group: never a
     pickle, and CPU tensors whatever the run's backend)."""
@@ -177,7 +193,7 @@ def resolve(cfg, measure_compute=None):
     """``cfg`` with auto's choice applied (collective: every rank calls it), and the record.
     ``measure_compute()``: this rank's compute-only step in ms (the training loop's timing,
     collective), or None: the plan's compute is the calibration's."""
-    from thinwire.train import settings
+    from thinwire.train import checkpoint, settings
 
     nodes = dist.get_world_size() // cfg.ranks_per_node
     timeout_s = max(CHOOSING_TIMEOUT_S, cfg.collective_timeout_s)
@@ -189,11 +205,14 @@ def resolve(cfg, measure_compute=None):
         probe = probe_trusted(cfg.ranks_per_node, timeout_s)
         probe["seconds"] = time.perf_counter() - began
         compute_ms = auto_compute.probe_ms(cfg, waiting, measure_compute)
+        directory = resume_directory(cfg)
+        files = gather_json(checkpoint.saved_choices(directory, dist.get_rank())
+                            if directory else [], waiting)
         message = None
         if dist.get_rank() == 0:
             try:
                 chosen, info = choose(cfg, nodes, probe, compute_ms=compute_ms)
-                chosen, info = _resumed(cfg, chosen, info)
+                chosen, info = _resumed(cfg, chosen, info, directory, files)
                 message = {"chosen": chosen, "info": info}
             except Exception as exc:  # every rank ends with rank 0's error, none waits on
                 message = {"error": f"{exc}" if isinstance(exc, (ValueError, OSError))
@@ -223,27 +242,41 @@ def resume_directory(cfg) -> str | None:
     return None
 
 
-def _resumed(cfg, chosen: dict, info: dict) -> tuple[dict, dict]:
-    """On rank 0, resuming: the choice its checkpoint was written under replaces the plan's
-    (the residuals, velocities and hook state in it are that algorithm's; switching now would
-    drop them), the plan's own choice at the probed rate kept in the record; re-planning goes
-    on from there. Not resuming: (``chosen``, ``info``) as they are."""
-    from thinwire.train import checkpoint
+def resumable_choice(per_rank: list[list[dict]]) -> dict | None:
+    """Of every rank's files (:func:`thinwire.train.checkpoint.saved_choices`), the newest
+    step every rank holds under one recorded choice: ``{"step", "auto", "algorithm"}``; None
+    where the ranks share no step (the load then says why, naming each rank's steps)."""
+    def key(entry):
+        return json.dumps(entry["auto"], sort_keys=True)
+    common = None
+    for files in per_rank:
+        mine = {(f["step"], key(f)) for f in files}
+        common = mine if common is None else common & mine
+    if not common:
+        return None
+    step, _ = max(common)
+    return next(f for f in per_rank[0] if f["step"] == step)
 
-    directory = resume_directory(cfg)
-    saved = checkpoint.saved_choice(directory, 0) if directory else None
-    if saved is None:  # no file: the load says so (a new run under --resume-if-present)
-        return chosen, info
+
+def _resumed(cfg, chosen: dict, info: dict, directory: str | None,
+             per_rank: list[list[dict]]) -> tuple[dict, dict]:
+    """On rank 0, resuming (``per_rank``: every rank's files in ``directory``): the choice the
+    checkpoint every rank resumes from was written under replaces the plan's (the residuals,
+    velocities and hook state in it are that algorithm's; switching now would drop them), the
+    plan's own choice at the probed rate kept in the record; re-planning goes on from there.
+    Not resuming, or no step shared by every rank: (``chosen``, ``info``) as they are."""
+    from thinwire.train import replan
+
+    saved = resumable_choice(per_rank) if directory else None
+    if saved is None:  # no file (a new run under --resume-if-present), or none shared: the
+        return chosen, info  # load says so, naming each rank's steps
     entry = saved["auto"]
     if not (isinstance(entry, dict) and isinstance(entry.get("settings"), dict)
             and isinstance(entry["settings"].get("algorithm"), str)
             and isinstance(entry.get("choice"), str)):
         raise ValueError(f"--resume {directory}: its checkpoint (step {saved['step']}) was not "
                          f"written by --algorithm auto (no choice recorded); resume it with "
-                         f"--algorithm {saved['identity'].get('algorithm', '?')} and its "
-                         f"settings")
-    from thinwire.train import replan
-
+                         f"--algorithm {saved.get('algorithm') or '?'} and its settings")
     settings = dict(entry["settings"])
     try:  # a key no configuration has, or a value it refuses: named before anything loads
         replan.resolved(cfg, settings)

@@ -120,23 +120,30 @@ def read(path: Path, rank: int, max_bytes: int | None = None) -> dict:
     return safefile.decode(data, MAGIC, str(path), file_key(rank))
 
 
-def saved_choice(directory: str | os.PathLike, rank: int) -> dict | None:
-    """What ``--algorithm auto`` was running when it wrote ``rank``'s newest intact checkpoint
-    in ``directory`` (a resumed auto run goes on with it: its residuals are that algorithm's):
-    ``{"auto": {"choice", "settings"} or None, "step", "identity"}``; None where ``rank`` has
-    no intact file. Not checked against the run: :func:`load` does that."""
+def saved_choices(directory: str | os.PathLike, rank: int) -> list[dict]:
+    """What ``--algorithm auto`` was running when it wrote each of ``rank``'s intact files in
+    ``directory`` (newest first; a resumed auto run goes on with the choice of the step every
+    rank can resume from): ``[{"step", "auto": {"choice", "settings"} or None}]``. Never
+    raises: a file it cannot read is left out, as :func:`load` would refuse it."""
+    found = []
     for candidate in (rank_file(directory, rank), previous_file(directory, rank)):
-        if not candidate.is_file():
-            continue
         try:
+            if not candidate.is_file():
+                continue
             payload = read(candidate, rank)
-        except safefile.CorruptFile as exc:
+        except (OSError, safefile.CorruptFile) as exc:
             log.warning("rank %d: %s", rank, exc)
             continue
-        if isinstance(payload, dict):
-            return {"auto": payload.get("auto"), "step": payload.get("step"),
-                    "identity": payload.get("identity") or {}}
-    return None
+        if isinstance(payload, dict) and _is_int(payload.get("step")):
+            entry = payload.get("auto")
+            found.append({"step": payload["step"],
+                          "auto": entry if isinstance(entry, dict) else None,
+                          "algorithm": (payload.get("identity") or {}).get("algorithm")})
+    return found
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_identity(payload: dict, directory, config, world_size: int) -> None:
@@ -163,10 +170,12 @@ def check_identity(payload: dict, directory, config, world_size: int) -> None:
 
 def load(directory: str | os.PathLike, rank: int, config, world_size: int, *,
          steps_per_epoch: int, check: Callable[[dict], None] | None = None,
-         max_bytes: int | None = None) -> dict:
+         max_bytes: int | None = None, other_choices: bool = False) -> dict:
     """This rank's newest checkpoint that is intact and fits ``config`` (and ``check``, which
     raises CheckpointMismatch for tensors that do not fit the model), at a step every rank
-    has. ``max_bytes``: a larger file is refused unread (:func:`size_limit`). Collective when
+    has. ``max_bytes``: a larger file is refused unread (:func:`size_limit`).
+    ``other_choices``: a file of another configuration is passed over, not an error (a
+    resumed ``--algorithm auto`` run: its two files may straddle a switch). Collective when
     a process group is initialised: every rank must call it."""
     path = rank_file(directory, rank)
     safefile.remove_orphans(path)
@@ -191,6 +200,10 @@ def load(directory: str | os.PathLike, rank: int, config, world_size: int, *,
             refused.append(reason)
             continue
         except ValueError as exc:  # another run's checkpoint: the user's mistake, say so
+            if other_choices:
+                log.warning("rank %d: not resuming from %s: %s", rank, candidate, exc)
+                refused.append(f"{candidate}: {exc}")
+                continue
             failure = exc
             break
         usable.setdefault(payload["step"], payload)

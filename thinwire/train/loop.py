@@ -252,7 +252,10 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
                             and checkpoint.any_present(cfg.checkpoint) else None)
     saved = checkpoint.load(resume, rank, cfg, world, steps_per_epoch=steps_per_epoch,
                             check=_fits(cfg, module, opt, sched),
-                            max_bytes=checkpoint.size_limit(module)) if resume else None
+                            max_bytes=checkpoint.size_limit(module),
+                            # auto's files may straddle a switch: its choice names the step
+                            other_choices=bool(chosen and chosen.get("resumed"))) \
+        if resume else None
     if saved is not None:
         module.load_state_dict(saved["model"])
     run_id = checkpoint.run_id(saved, device)
@@ -345,9 +348,11 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
             step, position = step + 1, position + 1
             metrics.record_step(step, epoch, time.perf_counter() - begin, loss,
                                 sched.get_last_lr()[0])
+            stopped = bool(cfg.stop_after) and step - start_step >= cfg.stop_after
             if cfg.eval_every and step % cfg.eval_every == 0:
                 run_eval()
-                maybe_replan()
+                if step < total_steps and not stopped:  # a switch's flush needs a next step
+                    maybe_replan()
             if cfg.checkpoint and cfg.checkpoint_every and \
                     (step % cfg.checkpoint_every == 0 or deferred_save):
                 # a switch at this step left its flush for the next optimizer step: a
@@ -355,14 +360,13 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
                 deferred_save = bool(switches) and switches[-1]["step"] == step
                 if not deferred_save:
                     save_checkpoint()
-            stopped = bool(cfg.stop_after) and step - start_step >= cfg.stop_after
         epoch_done = position >= len(batches)
         if epoch_done:
             epoch, position = epoch + 1, 0
         if not cfg.eval_every and (epoch_done or step >= total_steps) \
                 and not metrics.stop_reason:
             run_eval()
-            if step < total_steps:
+            if step < total_steps and not stopped:
                 maybe_replan()
     with noting(rank, "finishing the last exchange", step):
         sync.finish(stopped)  # DiLoCo: an exchange in flight lands before the final evaluation
