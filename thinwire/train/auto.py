@@ -193,7 +193,7 @@ def resolve(cfg, measure_compute=None):
     """``cfg`` with auto's choice applied (collective: every rank calls it), and the record.
     ``measure_compute()``: this rank's compute-only step in ms (the training loop's timing,
     collective), or None: the plan's compute is the calibration's."""
-    from thinwire.train import checkpoint, settings
+    from thinwire.train import checkpoint
 
     nodes = dist.get_world_size() // cfg.ranks_per_node
     timeout_s = max(CHOOSING_TIMEOUT_S, cfg.collective_timeout_s)
@@ -224,11 +224,20 @@ def resolve(cfg, measure_compute=None):
         raise ValueError(message["error"])
     # before training starts: like the compute probe, not in the run's time to target
     message["info"]["choosing_s"] = time.perf_counter() - began
-    resolved = dataclasses.replace(cfg, plan_from="", plan_steps_from="", **message["chosen"])
-    while reset := settings.inapplicable(resolved):
-        resolved = dataclasses.replace(resolved, **reset)
     log.info("auto: %s (%s)", message["info"]["choice"], message["info"]["reason"])
-    return resolved.validate(), message["info"]
+    return applied(cfg, message["chosen"]), message["info"]
+
+
+def applied(original, chosen: dict):
+    """The run's configuration as given (``original``: --algorithm auto) with a plan's
+    ``chosen`` settings, validated: a candidate names only the settings it sets, so nothing of
+    an earlier choice may linger (its wire, values' dtype, selector)."""
+    from thinwire.train import settings
+
+    new_cfg = dataclasses.replace(original, plan_from="", plan_steps_from="", **chosen)
+    while reset := settings.inapplicable(new_cfg):
+        new_cfg = dataclasses.replace(new_cfg, **reset)
+    return new_cfg.validate()
 
 
 def resume_directory(cfg) -> str | None:
@@ -265,8 +274,6 @@ def _resumed(cfg, chosen: dict, info: dict, directory: str | None,
     velocities and hook state in it are that algorithm's; switching now would drop them), the
     plan's own choice at the probed rate kept in the record; re-planning goes on from there.
     Not resuming, or no step shared by every rank: (``chosen``, ``info``) as they are."""
-    from thinwire.train import replan
-
     saved = resumable_choice(per_rank) if directory else None
     if saved is None:  # no file (a new run under --resume-if-present), or none shared: the
         return chosen, info  # load says so, naming each rank's steps
@@ -279,7 +286,7 @@ def _resumed(cfg, chosen: dict, info: dict, directory: str | None,
                          f"--algorithm {saved.get('algorithm') or '?'} and its settings")
     settings = dict(entry["settings"])
     try:  # a key no configuration has, or a value it refuses: named before anything loads
-        replan.resolved(cfg, settings)
+        applied(cfg, settings)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"--resume {directory}: the choice recorded in its checkpoint "
                          f"({entry['choice']!r}) does not apply to this run: {exc}") from None

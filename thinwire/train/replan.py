@@ -24,7 +24,6 @@ loop), and a run whose first choice is DiLoCo is not re-planned.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import gc
 import logging
@@ -177,15 +176,9 @@ def _warm_up(leaders_group) -> None:
 
 
 def resolved(original, chosen: dict):
-    """The run's configuration as given (``original``: --algorithm auto) with a plan's
-    ``chosen`` settings, as auto's first choice builds it: a candidate names only the settings
-    it sets, so nothing of an earlier choice may linger (its wire, values' dtype, selector)."""
-    from thinwire.train import settings
-
-    new_cfg = dataclasses.replace(original, plan_from="", plan_steps_from="", **chosen)
-    while reset := settings.inapplicable(new_cfg):
-        new_cfg = dataclasses.replace(new_cfg, **reset)
-    return new_cfg.validate()
+    """The run's configuration with a plan's ``chosen`` settings, as auto's first choice
+    builds it (:func:`thinwire.train.auto.applied`)."""
+    return auto.applied(original, chosen)
 
 
 def switch(original, chosen: dict, sync, module, optimizer, device_ids, scale: float = 1.0):
