@@ -205,7 +205,7 @@ def resolve(cfg, measure_compute=None):
         probe = probe_trusted(cfg.ranks_per_node, timeout_s)
         probe["seconds"] = time.perf_counter() - began
         compute_ms = auto_compute.probe_ms(cfg, waiting, measure_compute)
-        directory = resume_directory(cfg)
+        directory = checkpoint.resume_directory(cfg)
         files = gather_json(checkpoint.saved_choices(directory, dist.get_rank())
                             if directory else [], waiting)
         message = None
@@ -238,17 +238,6 @@ def applied(original, chosen: dict):
     while reset := settings.inapplicable(new_cfg):
         new_cfg = dataclasses.replace(new_cfg, **reset)
     return new_cfg.validate()
-
-
-def resume_directory(cfg) -> str | None:
-    """The checkpoint directory this run resumes from, or None (a new run)."""
-    from thinwire.train import checkpoint
-
-    if cfg.resume:
-        return cfg.resume
-    if cfg.resume_if_present and cfg.checkpoint and checkpoint.any_present(cfg.checkpoint):
-        return cfg.checkpoint
-    return None
 
 
 def resumable_choice(per_rank: list[list[dict]]) -> dict | None:

@@ -16,6 +16,7 @@ a fallback on all, and a rank that cannot resume ends every rank with a clear er
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -134,16 +135,35 @@ def saved_choices(directory: str | os.PathLike, rank: int) -> list[dict]:
         except (OSError, safefile.CorruptFile) as exc:
             log.warning("rank %d: %s", rank, exc)
             continue
-        if isinstance(payload, dict) and _is_int(payload.get("step")):
-            entry = payload.get("auto")
-            found.append({"step": payload["step"],
-                          "auto": entry if isinstance(entry, dict) else None,
-                          "algorithm": (payload.get("identity") or {}).get("algorithm")})
+        step = payload.get("step") if isinstance(payload, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool):
+            entry, identity = payload.get("auto"), payload.get("identity")
+            algorithm = identity.get("algorithm") if isinstance(identity, dict) else None
+            found.append({"step": step, "auto": entry if _plain(entry) else None,
+                          "algorithm": algorithm if isinstance(algorithm, str) else None})
     return found
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _plain(entry) -> bool:
+    """A dict JSON can carry (the ranks exchange what they found as JSON: a tensor or other
+    object in a crafted file must not stop one rank before the exchange)."""
+    if not isinstance(entry, dict):
+        return False
+    try:
+        json.dumps(entry)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def resume_directory(config) -> str | None:
+    """The directory ``config`` resumes from: --resume, or --checkpoint's where
+    --resume-if-present and it holds a checkpoint; None: a new run."""
+    if config.resume:
+        return config.resume
+    if config.resume_if_present and config.checkpoint and any_present(config.checkpoint):
+        return config.checkpoint
+    return None
 
 
 def check_identity(payload: dict, directory, config, world_size: int) -> None:
