@@ -265,9 +265,13 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
     ``with_break_even``: False skips the break-even search (nine tenths of a plan's time: auto's
     re-planning needs only the ranking); ``steps_to``: steps read to this quality instead of
     the races' target (:func:`thinwire.sim.steps.read_table`)."""
-    params, mode, runs = fitted or calibrated(calibration, calibrate_at, form)
+    # the inputs first: the fit takes up to a minute
     table, notes = read_table(steps_files, steps_to)
     workloads_seen = sorted({w.workload for w in table})
+    if workload is not None and workload not in workloads_seen:
+        raise ValueError(f"--workload {workload!r}: the steps files hold only "
+                         f"{workloads_seen or 'no usable runs'}; name one of them, or give "
+                         f"--steps-from races of {workload!r}")
     workload = workload or (workloads_seen[0] if len(workloads_seen) == 1 else None)
     if workload is None:
         raise ValueError(f"--workload: the steps files hold {workloads_seen or 'no runs'}; "
@@ -277,6 +281,7 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
                                   or value < least):
             raise ValueError(f"{name} must be an integer >= {least} (None: the "
                              f"calibration's), got {value!r}")
+    params, mode, runs = fitted or calibrated(calibration, calibrate_at, form)
     nodes = nodes or runs[0].nodes
     ranks_per_node = ranks_per_node or runs[0].ranks_per_node
     work, entries = entries_for(table, workload, nodes, ranks_per_node)

@@ -130,23 +130,14 @@ def add_plan_inputs(p: argparse.ArgumentParser) -> None:
 
 
 def check_plan_inputs(args) -> None:
-    """Every input file exists, --workload is one the steps files hold and the cluster has an
-    inter-node link (before the fit: a minute where it is large)."""
-    from thinwire.sim.steps import read_table
-
+    """Every input file exists and the cluster has an inter-node link (make_plan checks the
+    workload before its fit)."""
     for path in args.calibrate + (args.steps_from or []):
         if not Path(path).is_file():
             raise FileNotFoundError(f"plan input not found: {path}")
     if args.nodes == 1:
         raise ValueError("--nodes 1: one node has no inter-node link to plan for; the plan "
                          "needs --nodes 2 or more")
-    if args.workload is not None:
-        table, _ = read_table(args.steps_from or args.calibrate, args.steps_to)
-        held = sorted({w.workload for w in table})
-        if args.workload not in held:
-            raise ValueError(f"--workload {args.workload!r}: the steps files hold only "
-                             f"{held or 'no usable runs'}; name one of them, or give "
-                             f"--steps-from races of {args.workload!r}")
 
 
 def main(args) -> int:
