@@ -368,10 +368,13 @@ def bytes_scale_of(params: dict, run: Run) -> float:
     return float(statistics.median(same)) if same else 1.0
 
 
-def predict_diloco(run: Run, params: dict, sync_every: int, outer: str) -> dict:
+def predict_diloco(run: Run, params: dict, sync_every: int, outer: str,
+                   with_extra: bool = True) -> dict:
     """DiLoCo's mean inner step for ``run``'s cluster, model and link under the fitted
     parameters: DDP inside each node every step, ``outer`` across nodes every ``sync_every``
-    steps (:func:`thinwire.sim.diloco.simulate_diloco`)."""
+    steps (:func:`thinwire.sim.diloco.simulate_diloco`), plus DiLoCo's own cost where the
+    calibration's DiLoCo runs fitted one (``params["diloco_extra"]``,
+    :mod:`thinwire.sim.diloco_fit`; ``with_extra=False``: without it)."""
     from thinwire.sim.diloco import simulate_diloco
 
     compute_s = params["compute_s"][run.setting_index]
@@ -379,9 +382,14 @@ def predict_diloco(run: Run, params: dict, sync_every: int, outer: str) -> dict:
     rate = params["sparse_rate"] / slowdown
     rates = SparseRates(rate, rate, params["sparse_alpha_s"] * slowdown)
     cfg = AlgorithmConfig(outer, density=run.density, wire=run.wire)
-    return simulate_diloco(_timed(run.layers, compute_s), Cluster(run.nodes, run.ranks_per_node),
-                           network_for(params, run.inter_bps), cfg, rates,
-                           sync_every=sync_every)
+    row = simulate_diloco(_timed(run.layers, compute_s), Cluster(run.nodes, run.ranks_per_node),
+                          network_for(params, run.inter_bps), cfg, rates,
+                          sync_every=sync_every)
+    extra = params.get("diloco_extra") if with_extra else None
+    if extra:
+        return _with_step_extra(row, slowdown * (extra["per_step_s"]
+                                                 + extra["per_outer_step_s"] / sync_every))
+    return row
 
 
 def _modelled_inter_mb(run: Run) -> float:
@@ -452,7 +460,6 @@ def fit(runs: list[Run], overlap: bool = True, form: str = "sum",
     ``step_extra``: then fit each algorithm's unexplained fixed cost per step."""
     if form not in PHASE_FORMS:
         raise ValueError(f"form must be one of {', '.join(PHASE_FORMS)}, got {form!r}")
-    from scipy.optimize import least_squares
 
     settings = max(r.setting_index for r in runs) + 1
     scales = bytes_scales(runs)

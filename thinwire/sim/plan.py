@@ -25,6 +25,7 @@ from thinwire import collectives
 from thinwire.sim import powersgd
 from thinwire.sim.calibrate import (ALGORITHM_ALIASES, Run, fit, mode_name, overlap_modes,
                                     predict, predict_diloco, rate_bps, read_runs, reindexed)
+from thinwire.sim.diloco_fit import fit_extra, read_diloco_runs
 from thinwire.sim.steps import candidate_of, entries_for, merged_spread, read_table
 from thinwire.train import modes, settings as train_settings
 from thinwire.train import race_config
@@ -244,6 +245,12 @@ def calibrated(paths, calibrate_at: str | None, form: str, overlap: str = "hooks
         runs = reindexed(runs)
     fits = [(fit(runs, mode, form), mode) for mode in overlap_modes(overlap)]
     (params, _), mode = min(fits, key=lambda item: item[0][1])
+    # DiLoCo's own cost, from the DiLoCo runs among them (after the shared fit, which it
+    # leaves as it is): none there, and DiLoCo is predicted from the per-step fit alone
+    diloco_runs, _ = read_diloco_runs(paths, calibrate_at)
+    extra = fit_extra(diloco_runs, runs, params)
+    if extra:
+        params = dict(params, diloco_extra=extra)
     return params, mode, runs
 
 
@@ -317,6 +324,8 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
         "phase_form": form, "overlap": mode_name(mode), "calibrate_at": calibrate_at,
         # the probe's goodput over this is the nominal rate (thinwire.plan_choice reads it)
         "inter_efficiency": params.get("inter_efficiency"),
+        # DiLoCo's fitted cost beyond its phases (None: the calibration held no DiLoCo run)
+        "diloco_extra": params.get("diloco_extra"),
         "calibration": [str(p) for p in calibration], "steps_from": [str(p) for p in steps_files],
         "steps_spread_over_seeds": merged_spread(entries.values()),
         "steps_table": [e.row() for e in entries.values()],
