@@ -43,3 +43,13 @@ def test_a_claim_renders_from_its_rows_or_fails_by_name(tmp_path, changes, rows,
     elif message is not None:
         with pytest.raises(results_page.ClaimError, match=message):
             results_page.render_claim(claim, tmp_path)
+
+
+def test_a_claim_reads_rows_from_a_dotted_path_and_names_a_missing_one(tmp_path):
+    (tmp_path / "r.json").write_text(json.dumps(
+        {"rows": [{"algorithm": "b", "ratio": 9.0}],
+         "check": {"rows": [{"algorithm": "a", "ratio": 0.25}]}}))
+    text = results_page.render_claim(_claim(rows="check.rows"), tmp_path)
+    assert "ratio 0.25" in text
+    with pytest.raises(results_page.ClaimError, match="no 'check.other' list"):
+        results_page.render_claim(_claim(rows="check.other"), tmp_path)

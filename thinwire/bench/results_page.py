@@ -15,7 +15,8 @@ its table and the command that reproduces it.
      "where": {"nonfinite": "raise"}}          (optional: which rows the table shows)
 
 and optionally ``"rows": "runs"``: the file's list that holds the rows (default ``rows``; a
-``thinwire compare`` results.json keeps its runs under ``runs``).
+``thinwire compare`` results.json keeps its runs under ``runs``; a dotted path such as
+``check.rows`` names a list inside an object).
 
 ``file`` is a benchmark's ``--json`` output (a ``rows`` list), copied under docs/results/ from
 where its command wrote it; a figure names exactly one row. Nothing here measures: a figure
@@ -52,9 +53,11 @@ class ClaimError(ValueError):
 
 
 def _rows(data, title: str, key: str = "rows") -> list[dict]:
-    rows = data.get(key) if isinstance(data, dict) else None
+    rows = data
+    for part in key.split("."):  # "check.rows": a list inside an object
+        rows = rows.get(part) if isinstance(rows, dict) else None
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
-        raise ClaimError(f"claim {title!r}: its file holds no 'rows' list of objects")
+        raise ClaimError(f"claim {title!r}: its file holds no {key!r} list of objects")
     return rows
 
 
