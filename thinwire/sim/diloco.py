@@ -16,6 +16,9 @@ where ``c_f`` is one fragment's exchange (communication + selection). The overla
 the exchange's inter-node traffic and the inner steps' intra-node all-reduce do not slow each
 other (different links) and that the host has cores to spare for the exchange thread; on the
 emulated cluster's shared CPUs neither is quite true, so the prediction is a lower bound there.
+The cost the phases leave out (the outer step's work, the nodes' drift over H local steps) is
+fitted from DiLoCo runs where the calibration holds some (:mod:`thinwire.sim.diloco_fit`) and
+added by :func:`thinwire.sim.calibrate.predict_diloco`.
 """
 
 from __future__ import annotations
