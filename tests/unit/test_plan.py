@@ -105,7 +105,7 @@ def test_cli_prints_the_ranking_and_writes_json(tmp_path, capsys):
                           "--inter-node-bandwidth", "50mbit", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "best: hitopk" in printed and "break-even: below" in printed
-    assert "not ranked (steps to target never measured" in printed
+    assert "not ranked (steps to target neither measured nor between" in printed
     assert json.loads(out.read_text())["plans"][0]["best"]["algorithm"] == "hitopk"
 
 

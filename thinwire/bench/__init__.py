@@ -32,6 +32,7 @@ BENCH_MODULES = [
     "thinwire.bench.wavelet_pipeline",
     "thinwire.bench.auto_grid",
     "thinwire.bench.seed_holdout",
+    "thinwire.bench.steps_between",
     "thinwire.bench.ddp_auto_replan",
 ]
 

@@ -5,9 +5,12 @@
 
 Candidates are the registry's (every per-step algorithm, PowerSGD at several ranks, the dense
 all-reduces at each wire precision, the sparse ones at several densities, DiLoCo at several H)
-plus every configuration the steps files measured. A candidate whose steps were never measured
-gets a step time and no time to target: it is listed, never ranked on a guess, and the command
-that would measure it is printed.
+plus every configuration the steps files measured. A candidate no race measured but which lies
+between two measured values of its density, PowerSGD rank or DiLoCo H (the other settings
+equal) is ranked with steps read between theirs (:mod:`thinwire.sim.steps_estimate`; its row's
+``steps_source`` says so). Any other unmeasured candidate gets a step time and no time to
+target: it is listed, never ranked on a guess, and the command that would measure it is
+printed.
 
 The break-even rate is where the fastest compressed candidate (sparse, low-rank, DiLoCo) and the
 fastest dense one (every gradient entry every step: DDP, the all-reduces at any wire precision)
@@ -27,6 +30,7 @@ from thinwire.sim.calibrate import (ALGORITHM_ALIASES, Run, fit, mode_name, over
                                     predict, predict_diloco, rate_bps, read_runs, reindexed)
 from thinwire.sim.diloco_fit import fit_extra, read_diloco_runs
 from thinwire.sim.steps import candidate_of, entries_for, merged_spread, read_table
+from thinwire.sim.steps_estimate import interpolated
 from thinwire.train import modes, settings as train_settings
 from thinwire.train import race_config
 
@@ -123,13 +127,19 @@ def time_to_target(cfg, steps: float, setting: Setting, params: dict, layers_key
 
 def rank(setting: Setting, params: dict, overlap, layers_key: str, layers: list,
          entries: dict, candidates: dict) -> list[dict]:
-    """One row per candidate (``candidates``: :func:`grid`'s), those with measured steps first
-    by predicted time to target."""
+    """One row per candidate (``candidates``: :func:`grid`'s), those with steps (measured, or
+    read between two measured ones: :mod:`thinwire.sim.steps_estimate`) first by predicted
+    time to target."""
+    measured = {cand: entry.estimate for cand, entry in entries.items()}
     rows = []
     for cand, cfg in candidates.items():
         row = step_time(cfg, setting, params, layers_key, layers, overlap)
         entry = entries.get(cand)
         steps = entry.estimate if entry is not None else None
+        # a candidate no race ran (a race that missed the target is an answer: not guessed)
+        guess = interpolated(cand, measured) if entry is None else None
+        if guess is not None:
+            steps = guess.steps
         ttt = None if steps is None else \
             time_to_target(cfg, steps, setting, params, layers_key, layers, overlap)[0]
         rows.append({
@@ -138,6 +148,9 @@ def rank(setting: Setting, params: dict, overlap, layers_key: str, layers: list,
             "kind": "dense" if cand.algorithm in DENSE else "compressed",
             "step_s": row["iteration_s"], "inter_node_mb_per_step": row["inter_node_mb_per_iter"],
             "steps": steps, "steps_spread": entry.spread if entry is not None else None,
+            "steps_source": "measured" if entry is not None else (
+                None if guess is None else
+                "between " + " and ".join(label for label, _ in guess.between)),
             "time_to_target_s": ttt, "dense_warmup_steps": dense_warmup(cfg)[0],
             "measured_missed_at": entry.missed if entry is not None and steps is None else None,
             "command": command(cfg, setting),

@@ -66,14 +66,17 @@ def _print(plan: dict) -> None:
         unmeasured = [r for r in one["rows"] if r["time_to_target_s"] is None]
         print(f"\nat {one['rate']}:")
         rows = [{"#": i + 1, "candidate": r["candidate"], "step_ms": 1e3 * r["step_s"],
-                 "steps": r["steps"], "to_target_s": r["time_to_target_s"],
+                 "steps": r["steps"],
+                 "steps_from": "measured" if r.get("steps_source") == "measured" else "between",
+                 "to_target_s": r["time_to_target_s"],
                  "vs_best": r["vs_best"], "inter_MB/step": r["inter_node_mb_per_step"]}
                 for i, r in enumerate(ranked)]
         if rows:
             print(format_table(rows, rows[0].keys()))
         if unmeasured:
             shown = sorted(unmeasured, key=lambda r: r["step_s"])[:SHOWN_UNMEASURED]
-            print(f"not ranked (steps to target never measured; {len(unmeasured)} in all, "
+            print(f"not ranked (steps to target neither measured nor between two measured "
+                  f"values of its density, rank or H; {len(unmeasured)} in all, "
                   f"fastest steps first): "
                   + "; ".join(f"{r['candidate']} {1e3 * r['step_s']:.0f} ms/step"
                               for r in shown))

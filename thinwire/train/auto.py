@@ -137,6 +137,8 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
             "settings": {"algorithm": best["algorithm"], **best["settings"]},
             "compute": dict(compute, planned_ms=1e3 * plan["compute_s"]),
             "predicted_time_to_target_s": best["time_to_target_s"],
+            # "measured", or the two measured candidates its steps were read between
+            "steps_source": best.get("steps_source"),
             "runners_up": [{"candidate": r["candidate"], "vs_choice": r["vs_best"]}
                            for r in rows[1:1 + RUNNERS_UP]],
             "break_even_bps": plan["break_even"].get("bps"),
