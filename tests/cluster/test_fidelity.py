@@ -4,12 +4,13 @@ accounting series, and from a real shaped run that drives its link (root)."""
 from __future__ import annotations
 
 import json
+import math
 import textwrap
 
 import pytest
 
 from thinwire.cluster import ClusterSpec, run
-from thinwire.cluster.fidelity import assess, rate_at, run_queue
+from thinwire.cluster.fidelity import assess, phases, rate_at, run_queue
 from thinwire.cluster.netns import parse_qdisc_drops
 
 
@@ -50,6 +51,44 @@ def test_the_schedule_sets_the_rate_a_node_is_measured_against():
     assert rate_at(spec, 0.5) == 10**8 and rate_at(spec, 1.5) == 2 * 10**7
     # 19 Mbit/s after the drop fills the 20 Mbit/s link
     assert assess(_stats([5] * 10 + [19] * 20, [0.1] * 30), spec)["verdict"] == "link"
+
+
+SCHEDULED = ClusterSpec(2, 1, inter_node_bandwidth="100mbit",
+                        bandwidth_schedule="0s:100mbit,1s:20mbit")
+
+
+def test_the_phases_follow_the_changes_the_schedule_applied():
+    assert phases(SCHEDULED) == [(0.0, 1.0, 10**8), (1.0, math.inf, 2 * 10**7)]
+    # applied 0.4 s late (the launcher's tick, or the training clock): the phase moves too
+    applied = [(0.0, 10**8), (1.4, 2 * 10**7)]
+    assert phases(SCHEDULED, applied) == [(0.0, 1.4, 10**8), (1.4, math.inf, 2 * 10**7)]
+    assert rate_at(SCHEDULED, 1.2, applied) == 10**8
+    # a change that never happened (the clock never started) makes no phase
+    assert phases(SCHEDULED, [(0.0, 10**8)]) == [(0.0, math.inf, 10**8)]
+
+
+def test_each_phase_of_a_schedule_gets_its_own_verdict():
+    """95 Mbit/s on the 100 Mbit/s link (the wire), then 5 Mbit/s of a 20 Mbit/s link on a
+    saturated host: the run drove its link once, its second phase measured the host."""
+    stats = _stats([95] * 10 + [5] * 20, [0.2] * 10 + [0.99] * 20)
+    result = assess(stats, SCHEDULED)
+    assert result["verdict"] == "link"
+    first, second = result["phases"]
+    assert (first["verdict"], first["rate_bps"], first["from_s"], first["to_s"]) == \
+        ("link", 10**8, 0.0, 1.0)
+    assert (second["verdict"], second["rate_bps"], second["to_s"]) == ("host", 2 * 10**7, None)
+    assert second["nodes"][0]["busy_share"] == 1.0 and second["host_cpu_saturated_share"] == 1.0
+    assert "qdisc_dropped" not in second["nodes"][0]  # read once, at the run's end
+    assert "phases" not in assess(stats, SPEC)  # no schedule, one verdict
+
+
+def test_a_phase_whose_quota_held_the_node_back_is_host_bound():
+    stats = _stats([5] * 30, [0.2] * 30, throttled_s=0.6)
+    # the quota's counter grew only after the change at 1 s: 0.6 s of the second 2 s
+    stats["nodes"][0]["series"]["throttled_s"] = [0.0] * 11 + [0.03 * i for i in range(1, 21)]
+    first, second = assess(stats, SCHEDULED)["phases"]
+    assert first["verdict"] == "neither" and first["nodes"][0]["throttled_s"] == 0.0
+    assert second["verdict"] == "host" and second["nodes"][0]["throttled_s"] == 0.6
 
 
 def test_qdisc_drops_and_the_run_queue_are_reported():
@@ -105,3 +144,20 @@ def test_a_run_that_drives_its_link_is_judged_link_bound(cluster_leaks, tmp_path
     # a TCP stream into a 20 Mbit/s queue overflows it now and then; counted, not guessed
     assert all(isinstance(n["qdisc_dropped"], int) for n in fidelity["nodes"]), fidelity
     assert fidelity["host_run_queue_max"] >= 0
+
+
+@pytest.mark.root
+def test_a_scheduled_run_is_judged_per_phase_at_the_applied_change(cluster_leaks, tmp_path):
+    script, stats = tmp_path / "send.py", tmp_path / "stats.json"
+    # sends for 8 s from 1 s after its start (a few seconds into the job): both phases see it
+    script.write_text(SENDER.replace("time.monotonic() + 3", "time.monotonic() + 8"))
+    spec = ClusterSpec(nodes=2, ranks_per_node=1, inter_node_bandwidth="20mbit",
+                       bandwidth_schedule="0s:20mbit,6s:100mbit")
+    assert run(spec, [str(script)], timeout_s=120, stats_path=str(stats)) == 0
+    data = json.loads(stats.read_text())
+    first, second = data["fidelity"]["phases"]
+    assert first["rate_bps"] == 2 * 10**7 and first["verdict"] == "link", first
+    assert second["rate_bps"] == 10**8 and second["to_s"] is None
+    # the boundary is where the change was applied (after the planned 6 s, within a tick)
+    assert 6.0 <= first["to_s"] == second["from_s"] < 7.5
+    assert all("throttled_s" in n["series"] for n in data["nodes"])

@@ -22,4 +22,7 @@ def test_the_table_flags_a_host_bound_run():
     assert report._cell("bound_by", {"fidelity": {"verdict": "host"}}, setting) == "HOST"
     assert report._cell("bound_by", {"fidelity": {"verdict": "link"}}, setting) == "link"
     assert report._cell("bound_by", {}, setting) == "-"
+    # under a bandwidth schedule each phase's verdict follows, in order
+    phased = {"verdict": "link", "phases": [{"verdict": "link"}, {"verdict": "host"}]}
+    assert report._cell("bound_by", {"fidelity": phased}, setting) == "link (link/HOST)"
     assert report.headers(setting)["bound_by"] == "bound by"

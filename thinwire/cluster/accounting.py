@@ -69,8 +69,10 @@ class NodeMonitor:
                  interval_s: float = SAMPLE_INTERVAL_S):
         self.nodes, self.cgroups, self.interval_s = nodes, cgroups, interval_s
         self.pids: dict[int, int] = {}  # node -> a pid inside its namespace (its torchrun)
+        # throttled_s: the node's CPU quota's hold so far (per phase of a bandwidth schedule)
         self.series = [{"t": [], "cpu_seconds": [], "memory_bytes": [], "tx_bytes": [],
-                        "rx_bytes": [], "lo_bytes": []} for _ in range(nodes)]
+                        "rx_bytes": [], "lo_bytes": [], "throttled_s": []}
+                       for _ in range(nodes)]
         self._last_net = [(0, 0, 0)] * nodes
         # the host's CPU busy share per interval, and its run queue (tasks ready to run,
         # the sampler itself not counted) at the sample: more than its cores, CPUs were short
@@ -83,6 +85,11 @@ class NodeMonitor:
         self._thread = threading.Thread(target=self._loop, name="thinwire-node-monitor",
                                         daemon=True)
         self._t0 = time.monotonic()
+
+    @property
+    def started_monotonic(self) -> float:
+        """time.monotonic() at the series' 0 s."""
+        return self._t0
 
     def start(self) -> None:
         self._t0 = time.monotonic()
@@ -134,6 +141,7 @@ class NodeMonitor:
             s = self.series[node]
             cpu = self.cgroups.cpu_seconds(node) if self.cgroups else None
             mem = self.cgroups.memory_bytes_now(node) if self.cgroups else None
+            held = self.cgroups.throttling(node).get("throttled_s") if self.cgroups else None
             net = self._last_net[node]
             pid = self.pids.get(node)
             if pid is not None:
@@ -151,6 +159,7 @@ class NodeMonitor:
             s["tx_bytes"].append(net[0])
             s["rx_bytes"].append(net[1])
             s["lo_bytes"].append(net[2])
+            s["throttled_s"].append(held)
         self.check_oom()
 
     def report(self) -> dict:

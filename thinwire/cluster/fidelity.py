@@ -18,6 +18,10 @@ and for the host, beside the share of intervals it was saturated, its run queue 
 to run) over the run: its median and maximum, and the share of intervals in which it was
 longer than the host's cores (work waiting for a CPU: the host set some of the pace).
 
+Under a bandwidth schedule the same evidence and verdict are given per phase too (``phases``:
+each span of one configured rate, from the times the schedule applied its changes): a run
+can measure the wire at 200 Mbit/s and the host at 1 Gbit/s.
+
 Verdict: ``link`` when some node drove its link to >= 80% of its rate; else ``host`` when the
 host was saturated during at least half the intervals with traffic, or a node was throttled
 for more than a tenth of the run; else ``neither`` (light traffic on a free host: the step
@@ -29,6 +33,8 @@ from __future__ import annotations
 
 # the rules auto's link probe applies too (one declaration): a node's best second reached
 # LINK_BOUND of its rate: the wire bound it; an interval SATURATED busy: the host was saturated
+import functools
+import math
 import os
 import statistics
 
@@ -39,65 +45,115 @@ TRAFFIC = 0.05         # an interval counts as traffic above this share of the l
 WINDOW_S = 1.0
 
 
-def rate_at(spec, t: float) -> int | None:
-    """The inter-node rate configured at ``t`` seconds (the schedule's, else the spec's)."""
+def rate_at(spec, t: float, changes: list | None = None) -> int | None:
+    """The inter-node rate configured at ``t`` seconds of the monitor's clock: the last of
+    ``changes`` ((monitor seconds, bits/s) the schedule applied) at or before ``t``, else the
+    spec's rate moved by its planned schedule (where the applied times are not known)."""
     rate = spec.inter_node_bps
-    for at, bps in spec.bandwidth_steps:
+    for at, bps in spec.bandwidth_steps if changes is None else changes:
         if at <= t:
             rate = bps
     return rate
 
 
-def _peak_share(t: list, tx: list, spec, window_s: float) -> float:
+def _peak_share(t: list, tx: list, rate_of, window_s: float) -> float:
     """The best average egress rate over any ``window_s`` span of the series, as a share of
-    the rate configured at the span's end."""
+    the rate configured at the span's end (``rate_of(t)``)."""
     best, start = 0.0, 0
     for end in range(1, len(t)):
         while t[end] - t[start] > window_s and start < end - 1:
             start += 1
-        span, rate = t[end] - t[start], rate_at(spec, t[end])
+        span, rate = t[end] - t[start], rate_of(t[end])
         if span >= window_s * 0.5 and rate:
             best = max(best, 8 * (tx[end] - tx[start]) / span / rate)
     return best
 
 
-def assess(stats: dict, spec) -> dict:
-    """The fidelity section of a run's accounting (``stats``: launch's stats dict)."""
+def _inside(values: list, t: list, begin: float, end: float) -> tuple[list, list]:
+    """(t, values) of the samples in [begin, end], with the last sample before ``begin`` (the
+    counters' value where the window opens)."""
+    keep = [i for i, at in enumerate(t) if begin <= at <= end]
+    if keep and keep[0] > 0 and t[keep[0]] > begin:
+        keep.insert(0, keep[0] - 1)
+    return [t[i] for i in keep], [values[i] for i in keep]
+
+
+def _section(stats: dict, spec, rate_of, begin: float, end: float) -> dict:
+    """The verdict and its evidence over [begin, end] seconds of the monitor's clock."""
     host = stats.get("host") or {"t": [], "cpu_busy": []}
     busy_at = dict(zip(host["t"], host["cpu_busy"]))
-    duration = max((n["series"]["t"][-1] for n in stats["nodes"] if n["series"]["t"]),
-                   default=0.0)
+    whole = begin <= 0 and end == math.inf
+    duration = max((min(n["series"]["t"][-1], end) for n in stats["nodes"]
+                    if n["series"]["t"]), default=0.0) - max(begin, 0.0)
     drops = {d["node"]: d["dropped"] for d in stats.get("qdisc_drops") or [] if d.get("read")}
     nodes = []
     for node in stats["nodes"]:
         s = node["series"]
-        t, tx = s["t"], [b or 0 for b in s["tx_bytes"]]
-        configured = rate_at(spec, 0.0)
+        t, tx = _inside([b or 0 for b in s["tx_bytes"]], s["t"], begin, end)
+        configured = rate_of(max(begin, 0.0))
         peak_share = None
         traffic, saturated = 0, 0
         if configured and len(t) > 1:
-            peak_share = round(_peak_share(t, tx, spec, WINDOW_S), 3)
+            peak_share = round(_peak_share(t, tx, rate_of, WINDOW_S), 3)
             for i in range(1, len(t)):
                 dt = t[i] - t[i - 1]
                 if dt <= 0:
                     continue
                 rate = 8 * (tx[i] - tx[i - 1]) / dt
-                if rate > TRAFFIC * (rate_at(spec, t[i]) or configured):
+                if rate > TRAFFIC * (rate_of(t[i]) or configured):
                     traffic += 1
                     saturated += busy_at.get(t[i], 0.0) >= SATURATED
+        if whole or not s.get("throttled_s"):
+            throttled = node.get("throttled_s") if whole else None
+        else:  # the quota's hold over this window, from the sampled counter
+            _, held = _inside(s["throttled_s"], s["t"], begin, end)
+            held = [h for h in held if h is not None]
+            throttled = round(held[-1] - held[0], 3) if len(held) > 1 else None
         nodes.append({"node": node["node"], "link_peak_share": peak_share,
                       "traffic_intervals": traffic,
                       "busy_share": round(saturated / traffic, 3) if traffic else None,
-                      "throttled_s": node.get("throttled_s"),
-                      "qdisc_dropped": drops.get(node["node"])})
+                      "throttled_s": throttled,
+                      **({"qdisc_dropped": drops.get(node["node"])} if whole else {})})
     link = any((n["link_peak_share"] or 0) >= LINK_BOUND for n in nodes)
     hosted = any((n["busy_share"] or 0) >= HOST_BOUND for n in nodes) or any(
-        duration and (n["throttled_s"] or 0) > THROTTLED * duration for n in nodes)
-    verdict = "link" if link else "host" if hosted else "neither"
-    return {"verdict": verdict, "nodes": nodes, "duration_s": round(duration, 3),
-            "host_cpu_saturated_share": round(
-                sum(b >= SATURATED for b in host["cpu_busy"]) / len(host["cpu_busy"]), 3)
-            if host["cpu_busy"] else None, **run_queue(host.get("run_queue") or [])}
+        duration > 0 and (n["throttled_s"] or 0) > THROTTLED * duration for n in nodes)
+    # a host sample at t covers the interval that ends at t: the one at a phase's start is
+    # the phase before's
+    inside = [(begin <= 0 or at > begin) and at <= end for at in host["t"]]
+    busy = [b for b, keep in zip(host["cpu_busy"], inside) if keep]
+    queue = [q for q, keep in zip(host.get("run_queue") or [], inside) if keep]
+    return {"verdict": "link" if link else "host" if hosted else "neither", "nodes": nodes,
+            "duration_s": round(max(duration, 0.0), 3),
+            "host_cpu_saturated_share": round(sum(b >= SATURATED for b in busy) / len(busy), 3)
+            if busy else None, **run_queue(queue)}
+
+
+def assess(stats: dict, spec, changes: list | None = None) -> dict:
+    """The fidelity section of a run's accounting (``stats``: launch's stats dict).
+    ``changes``: the bandwidth schedule's applied changes as (monitor seconds, bits/s); where
+    the spec has a schedule, the section holds one verdict per ``phases`` entry too (each
+    span between two rate changes: was the 25 Mbit/s phase measuring the wire?)."""
+    rate_of = functools.partial(rate_at, spec, changes=changes)
+    result = _section(stats, spec, rate_of, 0.0, math.inf)
+    if spec.bandwidth_steps:
+        result["phases"] = [dict(_section(stats, spec, rate_of, begin, end), from_s=begin,
+                                 to_s=None if end == math.inf else end, rate_bps=bps)
+                            for begin, end, bps in phases(spec, changes)]
+    return result
+
+
+def phases(spec, changes: list | None = None) -> list[tuple[float, float, int]]:
+    """(from, to, bits/s) of each span of one configured rate, in the monitor's seconds (the
+    schedule's planned times where the applied ones are not known)."""
+    steps = list(spec.bandwidth_steps if changes is None else changes)
+    marks = [(0.0, spec.inter_node_bps)] + [(at, bps) for at, bps in steps if at > 0]
+    if steps and steps[0][0] <= 0:  # a change at 0 s sets the first phase's rate
+        marks[0] = (0.0, steps[0][1])
+    spans = []
+    for (at, bps), nxt in zip(marks, marks[1:] + [(math.inf, None)]):
+        if nxt[0] > at:
+            spans.append((at, nxt[0], bps))
+    return spans
 
 
 def run_queue(samples: list, cores: int | None = None) -> dict:

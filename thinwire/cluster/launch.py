@@ -371,7 +371,7 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
                                         "'training': the job's rank 0 never began training)",
                                         type(clock).__name__)
                     try:
-                        stats = _collect_stats(network, monitors, status)
+                        stats = _collect_stats(network, monitors, status, schedule)
                         if stats is not None and schedule is not None:
                             stats["bandwidth_changes"] = schedule.changes
                         if stats is not None and failures is not None:
@@ -399,9 +399,22 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
         raise SystemExit(128 + sig.signum) from None
 
 
+def changes_on(schedule: BandwidthSchedule, monitor: NodeMonitor) -> list | None:
+    """The schedule's applied changes as (seconds of the monitor's series, bits/s); a change
+    planned at 0 s at 0 (it was made as the job started). Only what was applied: where the
+    clock never started (schedule_clock "training"), the later changes never happened.
+    None where the schedule never started."""
+    if schedule.job_started_monotonic is None:
+        return None
+    offset = schedule.job_started_monotonic - monitor.started_monotonic
+    return [(0.0 if c["planned_s"] <= 0 else max(c["job_s"] + offset, 0.0), c["rate_bps"])
+            for c in schedule.changes]
+
+
 def _collect_stats(network: Network | None, monitors: list[NodeMonitor],
-                   status: int | None) -> dict | None:
-    """The run's accounting, read before the cgroups and qdiscs are removed."""
+                   status: int | None, schedule: BandwidthSchedule | None = None) -> dict | None:
+    """The run's accounting, read before the cgroups and qdiscs are removed. ``schedule``:
+    the bandwidth schedule, whose applied changes mark the fidelity verdict's phases."""
     if network is None or not monitors:
         return None
     monitor = monitors[0]
@@ -411,7 +424,8 @@ def _collect_stats(network: Network | None, monitors: list[NodeMonitor],
     stats["link_classes"] = network.class_stats()
     if network.spec.shaping:
         stats["qdisc_drops"] = network.qdisc_drops()
-    stats["fidelity"] = assess_fidelity(stats, network.spec)
+    stats["fidelity"] = assess_fidelity(stats, network.spec,
+                                        None if schedule is None else changes_on(schedule, monitor))
     log.info("fidelity: %s-bound (best second of each node's link: %s of its rate; host "
              "saturated during %s of the traffic)", stats["fidelity"]["verdict"],
              [n["link_peak_share"] for n in stats["fidelity"]["nodes"]],

@@ -46,6 +46,11 @@ class Schedule(ABC):
         self.tick()
 
     @property
+    def job_started_monotonic(self) -> float | None:
+        """time.monotonic() at the job's start (each record's ``job_s`` counts from it)."""
+        return self._job_start
+
+    @property
     def clock_started_s(self) -> float | None:
         """When the clock started, in seconds after the job's start (None: not yet)."""
         return None if self._start is None else round(self._start - self._job_start, 3)

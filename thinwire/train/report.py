@@ -61,8 +61,13 @@ def annotate(runs: list[dict]) -> list[dict]:
 def _cell(col: str, run: dict, setting: dict):
     value = run.get(col)
     if col == "bound_by":  # the fidelity verdict: a "host" run measured this machine
-        verdict = (run.get("fidelity") or {}).get("verdict")
-        return {"host": "HOST", None: "-"}.get(verdict, verdict)
+        fidelity = run.get("fidelity") or {}
+        shown = {"host": "HOST", None: "-"}
+        cell = shown.get(fidelity.get("verdict"), fidelity.get("verdict"))
+        if fidelity.get("phases"):  # under a bandwidth schedule: each phase's, in order
+            cell += " (" + "/".join(shown.get(p.get("verdict"), p.get("verdict"))
+                                    for p in fidelity["phases"]) + ")"
+        return cell
     if col == "lr":
         return f"{run['setting']['lr']:g}" if run.get("setting", {}).get("lr") else "-"
     if col == "time_to_target_s":
