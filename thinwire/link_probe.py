@@ -250,6 +250,8 @@ def probe_inter_node(ranks_per_node: int, timeout_s: float, sizes: tuple | None 
     probe = {"nodes": nodes, "goodput_Bps": goodput if nodes > 1 else None,
              "small_bytes": small, "small_s": small_s,
              "large_bytes": large if nodes > 1 else None, "large_s": large_s}
+    if nodes > 1:  # the line's intercept: one all-reduce's fixed cost (latency and software)
+        probe["latency_s"] = max(small_s - 2 * (nodes - 1) / nodes * small / goodput, 0.0)
     if nodes > 1:
         configured = None if configured <= 0 else configured
         host_busy = None if busy < 0 else busy

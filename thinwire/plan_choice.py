@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from thinwire import collectives, link_probe
+from thinwire import collectives, link_probe, node_probe
 
 # the hook's settings a plan's candidate sets (auto chooses them: not the caller's to pass)
 CHOSEN_SETTINGS = ("density", "selector", "sparse_wire", "wire")
@@ -359,5 +359,7 @@ def resolve(plan: dict, ranks_per_node: int, timeout_s: float, fits=None,
     except ValueError as exc:
         error = exc
     agree(error, device, "choosing from its plan", digest)
+    # inside the nodes too (NVLink or PCIe on GPUs): recorded, not planned from
+    probe["intra_node"] = node_probe.probe_intra_node(ranks_per_node, timeout_s, device=device)
     record["probe"] = probe
     return algorithm, settings, record

@@ -170,3 +170,10 @@ def piloted_replan(rank, world, plan, step_s, other_step_s):
     return {"own": torch.stack(own), "synced": torch.stack(synced), "held": held,
             "events": events, "algorithms": algorithms,
             "auto": thinwire.ddp.state_of(model).auto}
+
+
+def probe_intra(rank, world, ranks_per_node):
+    """thinwire.node_probe on every rank: the numbers each rank got."""
+    from thinwire import node_probe
+
+    return node_probe.probe_intra_node(ranks_per_node, timeout_s=60)

@@ -47,3 +47,23 @@ def test_the_training_loop_probes_its_compute_before_choosing(tmp_path):
     compute = record["compute"]
     assert compute["probed_ms"] > 0 and compute["calibration_ms"] == pytest.approx(80.0)
     assert compute["planned_ms"] == pytest.approx(80.0 * compute["scale"])
+
+
+def test_the_intra_node_probe_gives_every_rank_the_slowest_nodes_numbers():
+    """2 nodes x 2 gloo ranks on loopback: each node's pair all-reduces 1 and 8 MiB; every rank
+    holds the same goodput (far above any shaped link) and fixed cost."""
+    results = run_ranks(auto_workers.probe_intra, 4, 2)
+    assert len({(r["goodput_Bps"], r["fixed_s"], r["bound_by"]) for r in results}) == 1, results
+    probe = results[0]
+    assert probe["goodput_Bps"] > 1e7 and probe["fixed_s"] >= 0
+    assert probe["large_s"] > probe["small_s"] > 0 and probe["bound_by"] in ("link", "host")
+    # one rank a node: nothing inside a node to measure
+    assert run_ranks(auto_workers.probe_intra, 2, 1)[0]["goodput_Bps"] is None
+
+
+def test_auto_records_the_intra_node_probe(tmp_path):
+    path = _results(tmp_path, ranks_per_node=2)
+    results = run_ranks(auto_workers.resolve, 4, str(path), 2)
+    assert all("error" not in r for r in results), results
+    intra = results[0]["probe"]["intra_node"]
+    assert intra["ranks_per_node"] == 2 and intra["goodput_Bps"] > 1e7
