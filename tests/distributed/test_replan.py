@@ -70,6 +70,12 @@ def test_a_checkpoint_due_at_a_switch_waits_for_its_flush_and_auto_resumes_its_c
     assert resumed["steps"] == 8 and resumed["algorithm"] == "allreduce"
     assert resumed["auto"]["resumed"]["step"] == 5
     assert resumed["auto"]["resumed"]["plan_now"].startswith("hitopk")
+    # again from step 8 where the plan fails: the checkpoint's choice, no re-planning
+    again = results[0]["again"]
+    assert again["steps"] == 10 and again["algorithm"] == "allreduce"
+    assert again["auto"]["resumed"] == {"from": str(tmp_path / "ckpt"), "step": 8,
+                                        "plan_now": None}
+    assert "(scripted)" in again["auto"]["plan_error"] and "replanning" not in again["auto"]
 
 
 def test_without_evaluations_between_epochs_the_checks_come_at_each_epochs_end(tmp_path):

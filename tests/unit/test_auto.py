@@ -151,3 +151,25 @@ def test_a_steps_file_that_is_not_there_is_refused_before_anything_runs(tmp_path
 
     with pytest.raises(ValueError, match="--plan-steps-from: .* is not a file"):
         check_config(_cfg(_results(tmp_path), plan_steps_from=str(tmp_path / "no.json")))
+
+
+def test_a_resume_the_plan_cannot_choose_for_goes_on_with_the_checkpoints_choice(tmp_path):
+    """A spot node lost: the run resumes on 3 x 2, for which no steps were measured. The plan
+    fails there, but the checkpoint's choice can go on (without re-planning); with no
+    checkpoint to go on from, the plan's error is the run's."""
+    from thinwire.train import auto, checkpoint
+
+    cfg = dataclasses.replace(_cfg(_results(tmp_path)), resume=str(tmp_path / "ckpt"))
+    with pytest.raises(ValueError) as failed:
+        choose(cfg, 3, {"goodput_Bps": 1e7})
+    failed_plan = {"probe": {"goodput_Bps": 1e7}, "plan_error": str(failed.value)}
+    hitopk = {"algorithm": "hitopk", "density": 0.05}
+    checkpoint.save(cfg.resume, 0, {"step": 12, "identity": {"algorithm": "hitopk"},
+                                    "auto": {"choice": "hitopk d=0.05", "settings": hitopk}})
+    files = [checkpoint.saved_choices(cfg.resume, 0)]
+    chosen, info = auto._resumed(cfg, None, failed_plan, cfg.resume, files)
+    assert chosen == hitopk and info["choice"] == "hitopk d=0.05"
+    assert info["resumed"] == {"from": cfg.resume, "step": 12, "plan_now": None}
+    assert "no re-planning" in info["reason"] and "3 x 2" in info["plan_error"]
+    with pytest.raises(ValueError, match="no steps to target measured for mnist on 3 x 2"):
+        auto._resumed(cfg, None, failed_plan, cfg.resume, [[]])

@@ -221,7 +221,14 @@ def resolve(cfg, measure_compute=None):
         message = None
         if dist.get_rank() == 0:
             try:
-                chosen, info = choose(cfg, nodes, probe, compute_ms=compute_ms)
+                try:
+                    chosen, info = choose(cfg, nodes, probe, compute_ms=compute_ms)
+                except ValueError as exc:
+                    if not directory:
+                        raise
+                    # resuming on a cluster the plan cannot choose for (a spot node lost:
+                    # another shape, one node): the checkpoint's choice may still go on
+                    chosen, info = None, {"probe": probe, "plan_error": str(exc)}
                 chosen, info = _resumed(cfg, chosen, info, directory, files)
                 message = {"chosen": chosen, "info": info}
             except Exception as exc:  # every rank ends with rank 0's error, none waits on
@@ -272,10 +279,14 @@ def _resumed(cfg, chosen: dict, info: dict, directory: str | None,
     checkpoint every rank resumes from was written under replaces the plan's (the residuals,
     velocities and hook state in it are that algorithm's; switching now would drop them), the
     plan's own choice at the probed rate kept in the record; re-planning goes on from there.
-    Not resuming, or no step shared by every rank: (``chosen``, ``info``) as they are."""
+    Not resuming, or no step shared by every rank: (``chosen``, ``info``) as they are.
+    ``chosen`` None: the plan failed here (``info["plan_error"]``): the checkpoint's choice
+    goes on without re-planning, and where there is none the plan's error is raised."""
     saved = resumable_choice(per_rank) if directory else None
     if saved is None:  # no file (a new run under --resume-if-present), or none shared: the
-        return chosen, info  # load says so, naming each rank's steps
+        if chosen is None:  # load says so, naming each rank's steps
+            raise ValueError(info["plan_error"])  # nothing to go on with: the plan's error
+        return chosen, info
     entry = saved["auto"]
     if not (isinstance(entry, dict) and isinstance(entry.get("settings"), dict)
             and isinstance(entry["settings"].get("algorithm"), str)
@@ -289,10 +300,15 @@ def _resumed(cfg, chosen: dict, info: dict, directory: str | None,
     except (TypeError, ValueError) as exc:
         raise ValueError(f"--resume {directory}: the choice recorded in its checkpoint "
                          f"({entry['choice']!r}) does not apply to this run: {exc}") from None
+    if chosen is None:
+        why = (f"resumed with the choice its checkpoint was written under; the plan cannot "
+               f"choose on this cluster ({info['plan_error']}), so no re-planning")
+    else:
+        why = (f"resumed with the choice its checkpoint was written under (the plan at the "
+               f"probed rate: {info['choice']})")
     info = dict(info, choice=entry["choice"], settings=settings,
-                resumed={"from": directory, "step": saved["step"], "plan_now": info["choice"]},
-                reason=f"resumed with the choice its checkpoint was written under (the plan "
-                       f"at the probed rate: {info['choice']})")
+                resumed={"from": directory, "step": saved["step"],
+                         "plan_now": info.get("choice")}, reason=why)
     return settings, info
 
 

@@ -59,7 +59,9 @@ def train(cfg: TrainConfig) -> dict:
         with noting(dist.get_rank(), "choosing the algorithm (--algorithm auto)", 0):
             resolved, record = chooser(cfg, lambda: _compute_before_choosing(cfg, device))
         replanner = None
-        if cfg.replan_every_s > 0 and modes.mode_of(resolved.algorithm).per_step:
+        # no plan at the start (a resume the plan could not choose for): none later either
+        if cfg.replan_every_s > 0 and modes.mode_of(resolved.algorithm).per_step \
+                and "plan_error" not in record:
             replanner = replan.Replanner(cfg, record,  # DiLoCo's loop is not switched
                                          momentum_correction=resolved.momentum_correction)
             if not resolved.eval_every and dist.get_rank() == 0:
