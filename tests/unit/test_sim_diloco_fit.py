@@ -137,3 +137,27 @@ def test_the_fit_uses_each_runs_own_share_of_outer_steps(tmp_path):
     extra = calibrated([path], None, "max")[0]["diloco_extra"]
     assert extra["per_step_s"] == pytest.approx(PER_STEP_S, rel=0.15)
     assert extra["per_outer_step_s"] == pytest.approx(PER_OUTER_STEP_S, rel=0.15)
+
+
+def test_the_plan_warns_where_diloco_is_ranked_without_its_own_cost_or_beyond_it(tmp_path):
+    path, _ = _with_diloco(tmp_path, sync_everys=(5, 10))
+    steps_only = tmp_path / "steps_only.json"  # the same races as a steps table ...
+    steps_only.write_text(path.read_text())
+    (tmp_path / "cal").mkdir()
+    per_step = _results(tmp_path / "cal")  # ... and a calibration without any DiLoCo run
+    plan = make_plan([per_step], [steps_only], None, None, None, ["200mbit"],
+                     with_break_even=False)
+    # H=8 ranked too: its steps read between H=5 and H=10 (thinwire.sim.steps_estimate)
+    assert any("DiLoCo (H 5, 8, 10) is ranked with its step from the per-step fit alone" in w
+               for w in plan["warnings"]), plan["warnings"]
+    # calibrated with DiLoCo at H 5 and 10 only; steps measured at H 20 too: extrapolated
+    data = json.loads(path.read_text())
+    data["runs"] += [dict(r, sync_every=20, inter_node_bandwidth=1.23e8)
+                     for r in data["runs"] if r["algorithm"] == "diloco"][:1]
+    steps_only.write_text(json.dumps(data))
+    plan = make_plan([path], [steps_only], None, None, None, ["200mbit"],
+                     with_break_even=False)
+    assert any("DiLoCo at H 20 is ranked with its own cost fitted at H 5, 10" in w
+               for w in plan["warnings"]), plan["warnings"]
+    plan = make_plan([path], [path], None, None, None, ["200mbit"], with_break_even=False)
+    assert not any("DiLoCo" in w for w in plan["warnings"])

@@ -16,10 +16,9 @@ parameters and without changing them, as
 fixed cost of CPU work on shared cores). ``per_step_s`` is paid every inner step,
 ``per_outer_step_s`` once an outer step. The fit takes each run's own share of outer steps
 over its timed steps (a short run's differs from 1/H). The two terms are told apart only by
-runs at two shares or more;
-at one H the residual is taken as a cost per outer step (it then shrinks with H, as the
-nodes' drift does not: a plan that ranks a larger H than the races measured is optimistic for
-it, and says so).
+runs at two shares or more; at one H the residual is taken as a cost per outer step (it then
+shrinks with H, where the nodes' drift may not: a plan that ranks DiLoCo at an H beyond the
+calibration's DiLoCo runs says so in its warnings, :func:`warnings`).
 """
 
 from __future__ import annotations
@@ -138,3 +137,20 @@ def _nonnegative_fit(rows: np.ndarray, target: np.ndarray, two_terms: bool) -> t
     column = rows[:, 1]
     return 0.0, float(max(column @ target / (column @ column), 0.0))
 
+
+
+def warnings(params: dict, ranked_h: list[int]) -> list[str]:
+    """What a plan that ranks DiLoCo at ``ranked_h`` should say about DiLoCo's step."""
+    if not ranked_h:
+        return []
+    extra = params.get("diloco_extra")
+    if not extra:
+        return [f"DiLoCo (H {', '.join(map(str, sorted(set(ranked_h))))}) is ranked with its step "
+                f"from the per-step fit alone (no DiLoCo run in the calibration): on the "
+                f"emulator that fell 15-41% short; calibrate with a DiLoCo race too"]
+    beyond = sorted({h for h in ranked_h if h > max(extra["sync_every"])})
+    if beyond:
+        return [f"DiLoCo at H {', '.join(map(str, beyond))} is ranked with its own cost fitted "
+                f"at H {', '.join(map(str, extra['sync_every']))}: beyond them it is "
+                f"extrapolated"]
+    return []

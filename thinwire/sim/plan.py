@@ -29,6 +29,7 @@ from thinwire.sim import powersgd
 from thinwire.sim.calibrate import (ALGORITHM_ALIASES, Run, fit, mode_name, overlap_modes,
                                     predict, predict_diloco, rate_bps, read_runs, reindexed)
 from thinwire.sim.diloco_fit import fit_extra, read_diloco_runs
+from thinwire.sim.diloco_fit import warnings as diloco_warnings
 from thinwire.sim.steps import candidate_of, entries_for, merged_spread, read_table
 from thinwire.sim.steps_estimate import interpolated
 from thinwire.train import modes, settings as train_settings
@@ -345,7 +346,10 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
         "break_even": break_even(setting, params, mode, model, layers.layers, entries,
                                  candidates) if with_break_even else {"bps": None,
                                                                       "note": "not searched"},
-        "plans": plans, "notes": notes, "warnings": host_bound_note(runs),
+        "plans": plans, "notes": notes,
+        "warnings": host_bound_note(runs) + diloco_warnings(params, sorted({
+            r["settings"]["sync_every"] for one in plans for r in one["rows"]
+            if r["algorithm"] == "diloco" and r["time_to_target_s"] is not None})),
     }
 
 
