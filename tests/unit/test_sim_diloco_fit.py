@@ -161,3 +161,19 @@ def test_the_plan_warns_where_diloco_is_ranked_without_its_own_cost_or_beyond_it
                for w in plan["warnings"]), plan["warnings"]
     plan = make_plan([path], [path], None, None, None, ["200mbit"], with_break_even=False)
     assert not any("DiLoCo" in w for w in plan["warnings"])
+
+
+def test_the_holdout_predicts_diloco_runs_at_the_other_rates(tmp_path):
+    """thinwire simulate --calibrate-at: DiLoCo's cost fitted at 200 Mbit/s from its runs
+    there, the DiLoCo runs at 50 Mbit/s and 1 Gbit/s predicted close to their generating step
+    (the per-step fit recovers the generating parameters)."""
+    from thinwire.sim.holdout import holdout
+
+    path, _ = _with_diloco(tmp_path)
+    result = holdout([path], "200mbit", form="max")
+    rows = [r for r in result["held_out"] if r["algorithm"].startswith("diloco")]
+    assert sorted({r["algorithm"] for r in rows}) == ["diloco H=10", "diloco H=20", "diloco H=5"]
+    assert {r["inter_node_bandwidth_bps"] for r in rows} == {5e7, 1e9}
+    assert all(abs(r["error_calibrated"]) < 0.05 for r in rows), rows
+    assert result["diloco_extra"]["runs"] == 3 and result["diloco_in_sample_max_abs_error"] < 0.05
+    assert {r["algorithm"] for r in result["rows"]} >= {"diloco H=5", "diloco H=10"}

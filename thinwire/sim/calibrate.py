@@ -242,6 +242,8 @@ def _read_run(raw: dict, setting: dict, where: str, source: str) -> Run | str:
     merged = {**setting, **nested, **raw}
     measured = raw.get("algorithm")
     modelled, wire = ALGORITHM_ALIASES.get(measured, (measured, _pick(merged, "wire")))
+    if measured == "diloco":  # its own cost is fitted apart, after the per-step fit
+        return f"{where}: DiLoCo, not a per-step run (thinwire.sim.diloco_fit fits it apart)"
     if modelled not in names() + PEERS:
         return (f"{where}: algorithm {measured!r} is not simulated (simulated: "
                 f"{', '.join(list(names()) + list(ALGORITHM_ALIASES) + list(PEERS))})")

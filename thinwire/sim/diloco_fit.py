@@ -110,21 +110,34 @@ def fit_extra(diloco_runs: list[DilocoRun], runs: list[Run], params: dict) -> di
         for d in diloco_runs if setting_key(d.run) in index]
     if not placed:
         return None
-    reference = params.get("reference_compute_s", min(params["compute_s"]))
     # relative residual r_i = (p_i + s_i * (a + b * share_i)) / m_i - 1: linear in (a, b);
     # p_i with the run's own share of outer steps (the model's 1/H where the run ran long)
     rows, target = [], []
     for d in placed:
         measured = d.run.iteration_s
-        slowdown = params["compute_s"][d.run.setting_index] / reference
-        row = predict_diloco(d.run, params, d.sync_every, d.outer_algorithm, with_extra=False)
-        predicted = row["inner_step_s"] + d.outer_share * sum(row["exchange_s"])
+        predicted, slowdown = _phases_at_own_share(d, params)
         rows.append([slowdown / measured, slowdown * d.outer_share / measured])
         target.append(1 - predicted / measured)
     a, b = _nonnegative_fit(np.array(rows), np.array(target),
                             two_terms=len({round(d.outer_share, 9) for d in placed}) > 1)
     return {"per_step_s": min(a, MAX_PER_STEP_S), "per_outer_step_s": min(b, MAX_PER_OUTER_STEP_S),
             "runs": len(placed), "sync_every": sorted({d.sync_every for d in placed})}
+
+
+def _phases_at_own_share(d: DilocoRun, params: dict) -> tuple[float, float]:
+    """(the phases' step of ``d`` at its own share of outer steps, its setting's slowdown)."""
+    reference = params.get("reference_compute_s", min(params["compute_s"]))
+    slowdown = params["compute_s"][d.run.setting_index] / reference
+    row = predict_diloco(d.run, params, d.sync_every, d.outer_algorithm, with_extra=False)
+    return row["inner_step_s"] + d.outer_share * sum(row["exchange_s"]), slowdown
+
+
+def predicted_step(d: DilocoRun, params: dict) -> float:
+    """``d``'s step as the model gives it at the run's own share of outer steps, with the
+    fitted DiLoCo cost where ``params`` has one (what to compare with its measured step)."""
+    phases, slowdown = _phases_at_own_share(d, params)
+    extra = params.get("diloco_extra") or {"per_step_s": 0.0, "per_outer_step_s": 0.0}
+    return phases + slowdown * (extra["per_step_s"] + extra["per_outer_step_s"] * d.outer_share)
 
 
 def _nonnegative_fit(rows: np.ndarray, target: np.ndarray, two_terms: bool) -> tuple:

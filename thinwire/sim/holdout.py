@@ -1,5 +1,7 @@
 """Out-of-sample check of the calibrated simulator: fit on the runs at one link rate, predict the
 iteration time of the runs at every other rate of the sweep, report the error per algorithm.
+DiLoCo runs among them are held out the same way (rows ``diloco H=...``): DiLoCo's own cost is
+fitted on its runs at the calibration rate (:mod:`thinwire.sim.diloco_fit`).
 
     thinwire simulate --calibrate results/compare/mnist/results.json --calibrate-at 200mbit
 
@@ -31,7 +33,8 @@ import statistics
 from collections import defaultdict
 
 from thinwire.sim.calibrate import (Run, rate_bps, reindexed, fit, mode_name,
-                                    overlap_modes, predict, read_runs, scales_json)
+                                    overlap_modes, predict, read_runs, scales_json, setting_key)
+from thinwire.sim.diloco_fit import fit_extra, predicted_step, read_diloco_runs
 
 COMPUTE_SOURCES = ("calibrated", "probe")
 REPEATS = ("each", "median")
@@ -115,6 +118,8 @@ def holdout(paths, calibrate_at: str, overlap: str = "hooks", repeats: str = "ea
             row[f"predicted_s_{source}"] = predicted
             row[f"error_{source}"] = predicted / run.iteration_s - 1
         rows.append(row)
+    diloco = _diloco_rows(paths, rate, params, train, fitted_compute, skipped)
+    rows += diloco["rows"]
     per_algorithm = defaultdict(dict)
     for source in COMPUTE_SOURCES:
         for row in rows:
@@ -137,7 +142,52 @@ def holdout(paths, calibrate_at: str, overlap: str = "hooks", repeats: str = "ea
                          for source in COMPUTE_SOURCES}}
                      for name, errors in sorted(per_algorithm.items())],
             "max_abs_error_by_algorithm": {a: dict(v) for a, v in per_algorithm.items()},
-            "sensitivity": sensitivity, "skipped": skipped}
+            "sensitivity": sensitivity, "skipped": skipped,
+            "diloco_extra": diloco["extra"], "diloco_in_sample_max_abs_error": diloco["in_sample"]}
+
+
+def _diloco_rows(paths, rate, params: dict, train: list[Run], fitted_compute: dict,
+                 skipped: list) -> dict:
+    """DiLoCo runs held out as the others are: DiLoCo's own cost fitted on its runs at the
+    calibration rate (:mod:`thinwire.sim.diloco_fit`, after the per-step fit, unchanged), then
+    each DiLoCo run at another rate predicted at its own share of outer steps."""
+    found, notes = read_diloco_runs(paths)
+    skipped += notes
+    at_rate = [d for d in found if d.run.inter_bps == rate]
+    extra = fit_extra(at_rate, train, params)
+    if not found:
+        return {"rows": [], "extra": None, "in_sample": None}
+    with_extra = dict(params, diloco_extra=extra) if extra else params
+    index = {setting_key(r): r.setting_index for r in train}
+    in_sample = [abs(predicted_step(dataclasses.replace(d, run=dataclasses.replace(
+        d.run, setting_index=index[setting_key(d.run)])), with_extra) / d.run.iteration_s - 1)
+        for d in at_rate if setting_key(d.run) in index]
+    rows = []
+    for d in found:
+        if d.run.inter_bps == rate:
+            continue
+        key = (d.run.nodes, d.run.ranks_per_node, d.run.layers_key)
+        if key not in fitted_compute:
+            skipped.append(f"{d.run.source}: diloco H={d.sync_every} at {d.run.inter_bps} "
+                           f"bits/s: no run of its cluster and model at the calibration rate")
+            continue
+        row = {"algorithm": f"diloco H={d.sync_every}", "inter_node_bandwidth_bps":
+               d.run.inter_bps, "measured_s": d.run.iteration_s,
+               "measured_compute_s": d.run.compute_s}
+        for source in COMPUTE_SOURCES:
+            compute_s = fitted_compute[key] if source == "calibrated" else d.run.compute_s
+            if compute_s is None:
+                row[f"predicted_s_{source}"] = row[f"error_{source}"] = None
+                continue
+            extended = dict(with_extra, compute_s=list(params["compute_s"]) + [compute_s],
+                            reference_compute_s=min(params["compute_s"]))
+            placed = dataclasses.replace(d, run=dataclasses.replace(
+                d.run, setting_index=len(params["compute_s"])))
+            predicted = predicted_step(placed, extended)
+            row[f"predicted_s_{source}"] = predicted
+            row[f"error_{source}"] = predicted / d.run.iteration_s - 1
+        rows.append(row)
+    return {"rows": rows, "extra": extra, "in_sample": max(in_sample) if in_sample else None}
 
 
 def _sensitivity(params: dict, train: list[Run], held: list[Run], fitted_compute: dict,

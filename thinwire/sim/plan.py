@@ -348,8 +348,9 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
                                                                       "note": "not searched"},
         "plans": plans, "notes": notes,
         "warnings": host_bound_note(runs) + diloco_warnings(params, sorted({
-            r["settings"]["sync_every"] for one in plans for r in one["rows"]
-            if r["algorithm"] == "diloco" and r["time_to_target_s"] is not None})),
+            r["settings"]["sync_every"] for one in plans for r in one["rows"]  # outer steps
+            if not modes.mode_of(r["algorithm"]).per_step and r["time_to_target_s"] is not None
+            and "sync_every" in r["settings"]})),
     }
 
 
