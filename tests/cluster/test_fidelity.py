@@ -82,6 +82,17 @@ def test_each_phase_of_a_schedule_gets_its_own_verdict():
     assert "phases" not in assess(stats, SPEC)  # no schedule, one verdict
 
 
+def test_a_phase_after_a_drop_is_not_judged_by_the_traffic_before_it():
+    """1 Gbit/s -> 100 Mbit/s applied between two samples (1.05 s): the node sent 950 Mbit/s,
+    then 10 Mbit/s. No window of the second phase may open in the first."""
+    spec = ClusterSpec(2, 1, inter_node_bandwidth="1gbit",
+                       bandwidth_schedule="0s:1gbit,1s:100mbit")
+    stats = _stats([950] * 10 + [10] * 20, [0.2] * 30)
+    first, second = assess(stats, spec, [(0.0, 10**9), (1.05, 10**8)])["phases"]
+    assert first["verdict"] == "link"
+    assert second["nodes"][0]["link_peak_share"] < 0.2 and second["verdict"] == "neither"
+
+
 def test_a_phase_whose_quota_held_the_node_back_is_host_bound():
     stats = _stats([5] * 30, [0.2] * 30, throttled_s=0.6)
     # the quota's counter grew only after the change at 1 s: 0.6 s of the second 2 s

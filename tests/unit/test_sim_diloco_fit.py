@@ -177,3 +177,11 @@ def test_the_holdout_predicts_diloco_runs_at_the_other_rates(tmp_path):
     assert all(abs(r["error_calibrated"]) < 0.05 for r in rows), rows
     assert result["diloco_extra"]["runs"] == 3 and result["diloco_in_sample_max_abs_error"] < 0.05
     assert {r["algorithm"] for r in result["rows"]} >= {"diloco H=5", "diloco H=10"}
+
+
+def test_runs_without_an_exchange_while_timed_fit_nothing_rather_than_nan(tmp_path):
+    """H=20 stopped at step 15 (13 timed): no exchange in the timed steps, nothing to learn
+    about the outer step's cost; the fit must not divide 0 by 0."""
+    path, _ = _with_diloco(tmp_path, sync_everys=(20,), steps=15, timed_steps=13)
+    extra = calibrated([path], "200mbit", "max")[0]["diloco_extra"]
+    assert extra["per_step_s"] == 0.0 and extra["per_outer_step_s"] == 0.0

@@ -34,6 +34,8 @@ def test_steps_lie_on_the_line_through_the_neighbours_in_log_density():
     (hitopk(0.005), {hitopk(0.01): 52, hitopk(0.05): 36}),          # below it
     (hitopk(0.02), {hitopk(0.01, "fp32"): 52, hitopk(0.05): 36}),   # another wire below
     (hitopk(0.02), {hitopk(0.01): None, hitopk(0.05): 36}),         # the one below missed
+    (hitopk(0.02), {hitopk(0.005): 200, hitopk(0.01): None,         # ... not read across
+                    hitopk(0.05): 36}),
     (hitopk(0.02), {Candidate("topk_a2a", hitopk(0.01).options): 52, hitopk(0.05): 36}),
     (Candidate("ddp"), {Candidate("ddp"): 36}),                      # no ordered setting
 ])

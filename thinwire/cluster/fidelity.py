@@ -69,11 +69,12 @@ def _peak_share(t: list, tx: list, rate_of, window_s: float) -> float:
     return best
 
 
-def _inside(values: list, t: list, begin: float, end: float) -> tuple[list, list]:
-    """(t, values) of the samples in [begin, end], with the last sample before ``begin`` (the
-    counters' value where the window opens)."""
+def _inside(values: list, t: list, begin: float, end: float,
+            previous: bool = True) -> tuple[list, list]:
+    """(t, values) of the samples in [begin, end], with (``previous``) the last sample before
+    ``begin``: the counters' value where the window opens, for differences over intervals."""
     keep = [i for i, at in enumerate(t) if begin <= at <= end]
-    if keep and keep[0] > 0 and t[keep[0]] > begin:
+    if previous and keep and keep[0] > 0 and t[keep[0]] > begin:
         keep.insert(0, keep[0] - 1)
     return [t[i] for i in keep], [values[i] for i in keep]
 
@@ -94,7 +95,11 @@ def _section(stats: dict, spec, rate_of, begin: float, end: float) -> dict:
         peak_share = None
         traffic, saturated = 0, 0
         if configured and len(t) > 1:
-            peak_share = round(_peak_share(t, tx, rate_of, WINDOW_S), 3)
+            # windows that start inside the phase: one that opens before it carries the
+            # phase before's traffic (a drop from 1 Gbit/s would read as a full slow link)
+            peak_share = round(_peak_share(*_inside([b or 0 for b in s["tx_bytes"]], s["t"],
+                                                    begin, end, previous=False),
+                                           rate_of, WINDOW_S), 3)
             for i in range(1, len(t)):
                 dt = t[i] - t[i - 1]
                 if dt <= 0:

@@ -399,13 +399,13 @@ def run(spec: ClusterSpec, command: list[str], env: dict | None = None,
         raise SystemExit(128 + sig.signum) from None
 
 
-def changes_on(schedule: BandwidthSchedule, monitor: NodeMonitor) -> list | None:
+def changes_on(schedule: BandwidthSchedule, monitor: NodeMonitor) -> list:
     """The schedule's applied changes as (seconds of the monitor's series, bits/s); a change
     planned at 0 s at 0 (it was made as the job started). Only what was applied: where the
     clock never started (schedule_clock "training"), the later changes never happened.
-    None where the schedule never started."""
+    None of it where the schedule never started (a launch that failed first)."""
     if schedule.job_started_monotonic is None:
-        return None
+        return []
     offset = schedule.job_started_monotonic - monitor.started_monotonic
     return [(0.0 if c["planned_s"] <= 0 else max(c["job_s"] + offset, 0.0), c["rate_bps"])
             for c in schedule.changes]

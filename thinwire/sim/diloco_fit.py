@@ -16,7 +16,7 @@ parameters and without changing them, as
 fixed cost of CPU work on shared cores). ``per_step_s`` is paid every inner step,
 ``per_outer_step_s`` once an outer step. The fit takes each run's own share of outer steps
 over its timed steps (a short run's differs from 1/H). The two terms are told apart only by
-runs at two shares or more; at one H the residual is taken as a cost per outer step (it then
+runs at two H or more; at one H the residual is taken as a cost per outer step (it then
 shrinks with H, where the nodes' drift may not: a plan that ranks DiLoCo at an H beyond the
 calibration's DiLoCo runs says so in its warnings, :func:`warnings`).
 """
@@ -118,8 +118,10 @@ def fit_extra(diloco_runs: list[DilocoRun], runs: list[Run], params: dict) -> di
         predicted, slowdown = _phases_at_own_share(d, params)
         rows.append([slowdown / measured, slowdown * d.outer_share / measured])
         target.append(1 - predicted / measured)
+    # two terms only from runs at two H or more: runs at one H whose shares differ by their
+    # lengths alone (1/28 against 1/48) would split one residual between two near-equal columns
     a, b = _nonnegative_fit(np.array(rows), np.array(target),
-                            two_terms=len({round(d.outer_share, 9) for d in placed}) > 1)
+                            two_terms=len({d.sync_every for d in placed}) > 1)
     return {"per_step_s": min(a, MAX_PER_STEP_S), "per_outer_step_s": min(b, MAX_PER_OUTER_STEP_S),
             "runs": len(placed), "sync_every": sorted({d.sync_every for d in placed})}
 
@@ -148,6 +150,8 @@ def _nonnegative_fit(rows: np.ndarray, target: np.ndarray, two_terms: bool) -> t
         solution, _ = nnls(rows, target)
         return float(solution[0]), float(solution[1])
     column = rows[:, 1]
+    if not column @ column > 0:  # no run made an exchange while timed: nothing to fit
+        return 0.0, 0.0
     return 0.0, float(max(column @ target / (column @ column), 0.0))
 
 

@@ -150,9 +150,11 @@ def _diloco_rows(paths, rate, params: dict, train: list[Run], fitted_compute: di
                  skipped: list) -> dict:
     """DiLoCo runs held out as the others are: DiLoCo's own cost fitted on its runs at the
     calibration rate (:mod:`thinwire.sim.diloco_fit`, after the per-step fit, unchanged), then
-    each DiLoCo run at another rate predicted at its own share of outer steps."""
+    each DiLoCo run at another rate predicted at its own share of outer steps (each run on its
+    own: ``repeats="median"`` groups the per-step runs only)."""
     found, notes = read_diloco_runs(paths)
-    skipped += notes
+    # read_runs noted every DiLoCo run as not per-step; those held out here are not skipped
+    skipped[:] = [n for n in skipped if "not a per-step run" not in n] + notes
     at_rate = [d for d in found if d.run.inter_bps == rate]
     extra = fit_extra(at_rate, train, params)
     if not found:

@@ -56,14 +56,16 @@ def interpolated(cand: Candidate, measured: dict) -> Estimate | None:
     for other, steps in measured.items():
         theirs = _split(other)
         if other.algorithm != cand.algorithm or theirs is None or theirs[0] != knob \
-                or theirs[2] != rest or steps is None:
+                or theirs[2] != rest:
             continue
         at = theirs[1]
         if at < value and (below is None or at > below[0]):
             below = (at, other, steps)
         elif at > value and (above is None or at < above[0]):
             above = (at, other, steps)
-    if below is None or above is None:
+    # the nearest on each side, reached or not: a neighbour that missed the target is an
+    # answer, not a gap to read across
+    if below is None or above is None or below[2] is None or above[2] is None:
         return None
     share = (math.log(value) - math.log(below[0])) / (math.log(above[0]) - math.log(below[0]))
     steps = below[2] + share * (above[2] - below[2])
