@@ -176,7 +176,7 @@ class HostWatch:
             return None
 
 
-def _timed_all_reduce(buffer: torch.Tensor, group) -> float:
+def timed_all_reduce(buffer: torch.Tensor, group) -> float:
     begin = time.perf_counter()
     dist.all_reduce(buffer, group=group)
     if buffer.device.type == "cuda":  # NCCL returns once the work is queued
@@ -218,14 +218,14 @@ def probe_inter_node(ranks_per_node: int, timeout_s: float, sizes: tuple | None 
         with HostWatch() as watch:
             buffer = torch.ones(small // 4, dtype=torch.float32, device=device)
             if own:
-                _timed_all_reduce(buffer, group)  # a first exchange opens the connections
-            small_s = statistics.median(_timed_all_reduce(buffer, group)
+                timed_all_reduce(buffer, group)  # a first exchange opens the connections
+            small_s = statistics.median(timed_all_reduce(buffer, group)
                                         for _ in range(repeats))
             large = sizes[1] if sizes else larger_probe_size(small, small_s, group, device)
             buffer = torch.ones(large // 4, dtype=torch.float32, device=device)
             if own:
-                _timed_all_reduce(buffer, group)  # its buffers' first use, untimed
-            large_s = statistics.median(_timed_all_reduce(buffer, group)
+                timed_all_reduce(buffer, group)  # its buffers' first use, untimed
+            large_s = statistics.median(timed_all_reduce(buffer, group)
                                         for _ in range(repeats))
         per_node = 2 * (nodes - 1) / nodes  # a ring all-reduce sends this share of the size
         extra_s = large_s - small_s

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from thinwire.link_probe import (PROBE_REPEATS, SATURATED, THROTTLED, HostWatch,
-                                 _timed_all_reduce, probe_device)
+                                 timed_all_reduce, probe_device)
 
 SMALL_BYTES, LARGE_BYTES = 1 << 20, 8 << 20  # inside a node 8 MiB takes milliseconds
 
@@ -58,8 +58,8 @@ def probe_intra_node(ranks_per_node: int, timeout_s: float, sizes: tuple = (SMAL
             times = []
             for size in (small, large):
                 buffer = torch.ones(size // 4, dtype=torch.float32, device=device)
-                _timed_all_reduce(buffer, group)  # the buffers' first use, untimed
-                times.append(statistics.median(_timed_all_reduce(buffer, group)
+                timed_all_reduce(buffer, group)  # the buffers' first use, untimed
+                times.append(statistics.median(timed_all_reduce(buffer, group)
                                                for _ in range(repeats)))
     finally:
         dist.destroy_process_group(group)

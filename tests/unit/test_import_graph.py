@@ -18,7 +18,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "thinwire"
 LIBRARY = ("collectives", "state", "ddp", "sync", "compress", "feedback", "topk", "topology",
            "transport", "optim", "local_sgd", "pipeline", "options", "ft", "peer_failure",
-           "link_probe", "plan_choice", "ddp_auto")
+           "link_probe", "node_probe", "plan_choice", "ddp_auto")
 APP_AND_LAB = ("train", "bench", "sim", "cluster", "recsys", "data", "wavelet", "cli",
                "cliargs")
 

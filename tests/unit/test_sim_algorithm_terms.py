@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from thinwire.sim.calibrate import (Run, _read_run, bytes_key, bytes_scales, fit, predict,
+from thinwire.sim.calibrate import (Run, read_run, bytes_key, bytes_scales, fit, predict,
                                     read_runs, wire_share)
 from thinwire.sim.compute import uniform
 from thinwire.sim.holdout import holdout
@@ -107,8 +107,8 @@ def test_a_wire_bound_run_gets_no_fixed_cost(tmp_path):
 
 def test_sparse_wire_is_read_for_the_algorithms_that_take_it():
     setting = {"nodes": 2, "ranks_per_node": 2, "parameters": 1_000_000, "sparse_wire": "fp16"}
-    tag = _read_run({"algorithm": "topk_allgather", "iteration_s": 1.0}, setting, "w", "s")
-    dlcp = _read_run({"algorithm": "dlcp", "iteration_s": 1.0}, setting, "w", "s")
+    tag = read_run({"algorithm": "topk_allgather", "iteration_s": 1.0}, setting, "w", "s")
+    dlcp = read_run({"algorithm": "dlcp", "iteration_s": 1.0}, setting, "w", "s")
     assert tag.sparse_wire == "fp16" and dlcp.sparse_wire == "fp32"
     tag.inter_bps = dlcp.inter_bps = 2e8
     params = dict(TRUE, bytes_scale={}, step_extra_s={})

@@ -224,7 +224,7 @@ def _layers_for(merged: dict, where: str) -> tuple[str, list]:
                      f"(model was {name!r})")
 
 
-def _blocks(path) -> list[dict]:
+def result_blocks(path) -> list[dict]:
     data = read_json(path, "results file")
     blocks = data.get("results", data) if isinstance(data, dict) else data
     blocks = [blocks] if isinstance(blocks, dict) else blocks
@@ -236,7 +236,7 @@ def _blocks(path) -> list[dict]:
     return blocks
 
 
-def _read_run(raw: dict, setting: dict, where: str, source: str) -> Run | str:
+def read_run(raw: dict, setting: dict, where: str, source: str) -> Run | str:
     """A Run, or why the run is skipped."""
     nested = raw.get("setting") if isinstance(raw.get("setting"), dict) else {}
     merged = {**setting, **nested, **raw}
@@ -290,10 +290,10 @@ def read_runs(paths) -> tuple[list[Run], list[str]]:
     """The usable runs of all ``paths`` and a note per skipped run."""
     runs, skipped = [], []
     for path in paths:
-        for b, block in enumerate(_blocks(path)):
+        for b, block in enumerate(result_blocks(path)):
             setting = block.get("setting") if isinstance(block.get("setting"), dict) else {}
             for r, raw in enumerate(block["runs"]):
-                got = _read_run(raw, setting, f"{path} result {b} run {r}", str(path))
+                got = read_run(raw, setting, f"{path} result {b} run {r}", str(path))
                 (runs if isinstance(got, Run) else skipped).append(got)
     if not runs:
         raise ValueError("no usable runs to calibrate on" +

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from thinwire.sim.calibrate import (Run, _blocks, _read_run, predict_diloco, rate_bps,
+from thinwire.sim.calibrate import (Run, result_blocks, read_run, predict_diloco, rate_bps,
                                     setting_key)
 
 NAME = "diloco"
@@ -62,7 +62,7 @@ def read_diloco_runs(paths, calibrate_at: str | None = None) -> tuple[list[Diloc
     rate = rate_bps(calibrate_at) if calibrate_at is not None else None
     found, skipped = [], []
     for path in paths:
-        for b, block in enumerate(_blocks(path)):
+        for b, block in enumerate(result_blocks(path)):
             setting = block.get("setting") if isinstance(block.get("setting"), dict) else {}
             for r, raw in enumerate(block["runs"]):
                 if not isinstance(raw, dict) or raw.get("algorithm") != NAME:
@@ -75,7 +75,7 @@ def read_diloco_runs(paths, calibrate_at: str | None = None) -> tuple[list[Diloc
                     continue
                 outer = str(merged["outer_algorithm"])
                 # its cluster, rate, model and step are read as its outer algorithm's run's
-                got = _read_run(dict(raw, algorithm=outer), setting, where, str(path))
+                got = read_run(dict(raw, algorithm=outer), setting, where, str(path))
                 if isinstance(got, str):
                     skipped.append(got)
                     continue
