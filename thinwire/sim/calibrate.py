@@ -98,7 +98,9 @@ COMPUTE_RANGE = (1e-5, 1e4)  # seconds per iteration
 # Measured over modelled inter-node bytes: beyond these a run's counters measured something else
 # (another job's traffic, a model the simulator traced wrongly), not an algorithm's framing.
 BYTES_SCALE_RANGE = (0.5, 4.0)
-COUNTED = "interface counters"  # compare's inter_node_mb_source for measured bytes
+COUNTED = "interface counters"
+# read_runs' note for a DiLoCo run (the holdout, which holds them out, drops it)
+DILOCO_APART = "DiLoCo, not a per-step run (thinwire.sim.diloco_fit fits it apart)"  # compare's inter_node_mb_source for measured bytes
 # The most an algorithm's unexplained fixed cost per step may be (seconds).
 STEP_EXTRA_MAX_S = 5.0
 # The shared parameters are fitted with a robust loss (errors beyond ~5% count less and less):
@@ -236,14 +238,24 @@ def result_blocks(path) -> list[dict]:
     return blocks
 
 
+def _steps_outer(algorithm) -> bool:
+    """A mode that steps an outer optimizer every H steps, not every step (DiLoCo)."""
+    from thinwire.train import modes
+
+    try:
+        return not modes.mode_of(algorithm).per_step
+    except ValueError:  # not a mode of thinwire train (ddp, powersgd, another tool's name)
+        return False
+
+
 def read_run(raw: dict, setting: dict, where: str, source: str) -> Run | str:
     """A Run, or why the run is skipped."""
     nested = raw.get("setting") if isinstance(raw.get("setting"), dict) else {}
     merged = {**setting, **nested, **raw}
     measured = raw.get("algorithm")
     modelled, wire = ALGORITHM_ALIASES.get(measured, (measured, _pick(merged, "wire")))
-    if measured == "diloco":  # its own cost is fitted apart, after the per-step fit
-        return f"{where}: DiLoCo, not a per-step run (thinwire.sim.diloco_fit fits it apart)"
+    if _steps_outer(measured):  # DiLoCo: its own cost is fitted apart, after the per-step fit
+        return f"{where}: {DILOCO_APART}"
     if modelled not in names() + PEERS:
         return (f"{where}: algorithm {measured!r} is not simulated (simulated: "
                 f"{', '.join(list(names()) + list(ALGORITHM_ALIASES) + list(PEERS))})")
@@ -387,11 +399,17 @@ def predict_diloco(run: Run, params: dict, sync_every: int, outer: str,
     row = simulate_diloco(_timed(run.layers, compute_s), Cluster(run.nodes, run.ranks_per_node),
                           network_for(params, run.inter_bps), cfg, rates,
                           sync_every=sync_every)
-    extra = params.get("diloco_extra") if with_extra else None
-    if extra:
-        return _with_step_extra(row, slowdown * (extra["per_step_s"]
-                                                 + extra["per_outer_step_s"] / sync_every))
-    return row
+    extra_s = diloco_extra_s(params, slowdown, 1.0 / sync_every) if with_extra else 0.0
+    return _with_step_extra(row, extra_s) if extra_s else row
+
+
+def diloco_extra_s(params: dict, slowdown: float, outer_share: float) -> float:
+    """DiLoCo's fitted cost per inner step at ``outer_share`` outer steps a step (1/H over a
+    long run): ``slowdown * (per_step_s + per_outer_step_s * outer_share)``; 0 unfitted."""
+    extra = params.get("diloco_extra")
+    if not extra:
+        return 0.0
+    return slowdown * (extra["per_step_s"] + extra["per_outer_step_s"] * outer_share)
 
 
 def _modelled_inter_mb(run: Run) -> float:

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from thinwire.sim.calibrate import (Run, result_blocks, read_run, predict_diloco, rate_bps,
-                                    setting_key)
+from thinwire.sim.calibrate import (Run, diloco_extra_s, predict_diloco, rate_bps, read_run,
+                                    result_blocks, setting_key)
 
 NAME = "diloco"
 # the residual terms the fit may reach (seconds): beyond these a run measured something else
@@ -104,10 +104,7 @@ def fit_extra(diloco_runs: list[DilocoRun], runs: list[Run], params: dict) -> di
     """{"per_step_s", "per_outer_step_s", "runs", "sync_every"} fitted on the DiLoCo runs
     whose setting (cluster, rate, model) the per-step ``runs`` fitted a compute time for;
     None where there are none. ``params``: the per-step fit."""
-    index = {setting_key(r): r.setting_index for r in runs}
-    placed = [dataclasses.replace(d, run=dataclasses.replace(
-        d.run, setting_index=index[setting_key(d.run)]))
-        for d in diloco_runs if setting_key(d.run) in index]
+    placed = placed_on(diloco_runs, runs)
     if not placed:
         return None
     # relative residual r_i = (p_i + s_i * (a + b * share_i)) / m_i - 1: linear in (a, b);
@@ -126,6 +123,15 @@ def fit_extra(diloco_runs: list[DilocoRun], runs: list[Run], params: dict) -> di
             "runs": len(placed), "sync_every": sorted({d.sync_every for d in placed})}
 
 
+def placed_on(diloco_runs: list[DilocoRun], runs: list[Run]) -> list[DilocoRun]:
+    """The DiLoCo runs whose setting (cluster, rate, model) one of the per-step ``runs`` has,
+    each at that setting's index (their compute time is the fit's for it)."""
+    index = {setting_key(r): r.setting_index for r in runs}
+    return [dataclasses.replace(d, run=dataclasses.replace(
+        d.run, setting_index=index[setting_key(d.run)]))
+        for d in diloco_runs if setting_key(d.run) in index]
+
+
 def _phases_at_own_share(d: DilocoRun, params: dict) -> tuple[float, float]:
     """(the phases' step of ``d`` at its own share of outer steps, its setting's slowdown)."""
     reference = params.get("reference_compute_s", min(params["compute_s"]))
@@ -138,8 +144,7 @@ def predicted_step(d: DilocoRun, params: dict) -> float:
     """``d``'s step as the model gives it at the run's own share of outer steps, with the
     fitted DiLoCo cost where ``params`` has one (what to compare with its measured step)."""
     phases, slowdown = _phases_at_own_share(d, params)
-    extra = params.get("diloco_extra") or {"per_step_s": 0.0, "per_outer_step_s": 0.0}
-    return phases + slowdown * (extra["per_step_s"] + extra["per_outer_step_s"] * d.outer_share)
+    return phases + diloco_extra_s(params, slowdown, d.outer_share)
 
 
 def _nonnegative_fit(rows: np.ndarray, target: np.ndarray, two_terms: bool) -> tuple:
@@ -153,7 +158,6 @@ def _nonnegative_fit(rows: np.ndarray, target: np.ndarray, two_terms: bool) -> t
     if not column @ column > 0:  # no run made an exchange while timed: nothing to fit
         return 0.0, 0.0
     return 0.0, float(max(column @ target / (column @ column), 0.0))
-
 
 
 def warnings(params: dict, ranked_h: list[int]) -> list[str]:

@@ -32,9 +32,9 @@ import dataclasses
 import statistics
 from collections import defaultdict
 
-from thinwire.sim.calibrate import (Run, rate_bps, reindexed, fit, mode_name,
-                                    overlap_modes, predict, read_runs, scales_json, setting_key)
-from thinwire.sim.diloco_fit import fit_extra, predicted_step, read_diloco_runs
+from thinwire.sim.calibrate import (DILOCO_APART, Run, rate_bps, reindexed, fit, mode_name,
+                                    overlap_modes, predict, read_runs, scales_json)
+from thinwire.sim.diloco_fit import fit_extra, placed_on, predicted_step, read_diloco_runs
 
 COMPUTE_SOURCES = ("calibrated", "probe")
 REPEATS = ("each", "median")
@@ -154,16 +154,14 @@ def _diloco_rows(paths, rate, params: dict, train: list[Run], fitted_compute: di
     own: ``repeats="median"`` groups the per-step runs only)."""
     found, notes = read_diloco_runs(paths)
     # read_runs noted every DiLoCo run as not per-step; those held out here are not skipped
-    skipped[:] = [n for n in skipped if "not a per-step run" not in n] + notes
-    at_rate = [d for d in found if d.run.inter_bps == rate]
-    extra = fit_extra(at_rate, train, params)
+    skipped[:] = [n for n in skipped if not n.endswith(DILOCO_APART)] + notes
     if not found:
         return {"rows": [], "extra": None, "in_sample": None}
+    at_rate = [d for d in found if d.run.inter_bps == rate]
+    extra = fit_extra(at_rate, train, params)
     with_extra = dict(params, diloco_extra=extra) if extra else params
-    index = {setting_key(r): r.setting_index for r in train}
-    in_sample = [abs(predicted_step(dataclasses.replace(d, run=dataclasses.replace(
-        d.run, setting_index=index[setting_key(d.run)])), with_extra) / d.run.iteration_s - 1)
-        for d in at_rate if setting_key(d.run) in index]
+    in_sample = [abs(predicted_step(d, with_extra) / d.run.iteration_s - 1)
+                 for d in placed_on(at_rate, train)]
     rows = []
     for d in found:
         if d.run.inter_bps == rate:

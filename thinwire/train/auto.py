@@ -3,10 +3,10 @@
 At the start, before the model is built, every rank takes part in a probe of the inter-node
 link (:mod:`thinwire.link_probe`: the goodput and latency between the nodes' first ranks, with
 the host watched meanwhile), and of the links inside the nodes (:mod:`thinwire.node_probe`:
-recorded as ``probe.intra_node``, not planned from). A probe the host bound, not the link (saturated CPUs, a CPU quota,
-or under 80% of the emulator's configured rate) is not trusted: a host-bound one is taken
-again, up to ``link_probe.PROBE_TRIES`` times (then the fastest is used), and the choice says
-where it planned from a probe it did not trust.
+recorded as ``probe.intra_node``, not planned from). A probe the host bound, not the link
+(saturated CPUs, a CPU quota, or under 80% of the emulator's configured rate) is not trusted:
+a host-bound one is taken again, up to ``link_probe.PROBE_TRIES`` times (then the fastest is
+used), and the choice says where it planned from a probe it did not trust.
 Rank 0 then ranks the candidates with :func:`thinwire.sim.plan.make_plan` - calibrated on
 ``--plan-from`` (thinwire compare results of this workload: the cost model is fitted on them
 and steps to target are read from them) - at the nominal rate the probe implies (goodput over
@@ -86,12 +86,6 @@ def probe_trusted(ranks_per_node: int, timeout_s: float = CHOOSING_TIMEOUT_S,
     """:func:`thinwire.link_probe.probe_trusted` with this module's :func:`probe_inter_node`."""
     return link_probe.probe_trusted(ranks_per_node, timeout_s, tries, pause_s,
                                     probe=lambda *args: probe_inter_node(*args))
-
-
-def probe_intra_node(ranks_per_node: int, timeout_s: float = CHOOSING_TIMEOUT_S) -> dict:
-    """:func:`thinwire.node_probe.probe_intra_node` (a name of this module, so tests can
-    script it): recorded beside the inter-node probe, not planned from."""
-    return node_probe.probe_intra_node(ranks_per_node, timeout_s)
 
 
 @functools.lru_cache(maxsize=4)
@@ -212,7 +206,7 @@ def resolve(cfg, measure_compute=None):
     began = time.perf_counter()
     try:
         probe = probe_trusted(cfg.ranks_per_node, timeout_s)
-        probe["intra_node"] = probe_intra_node(cfg.ranks_per_node, timeout_s)  # recorded
+        probe["intra_node"] = node_probe.probe_intra_node(cfg.ranks_per_node, timeout_s)
         probe["seconds"] = time.perf_counter() - began
         compute_ms = auto_compute.probe_ms(cfg, waiting, measure_compute)
         directory = checkpoint.resume_directory(cfg)
