@@ -260,11 +260,13 @@ class SyncState:
         self._current = _empty_step()
         self.last_step = {**self._current, "nonfinite": 1.0}
         where = ", ".join(f"rank {rank} bucket {bucket}" for rank, bucket in bad.items())
-        raise FloatingPointError(
+        error = FloatingPointError(
             f"non-finite gradient (NaN or Inf) at step {self.steps} on rank(s) {sorted(bad)} "
             f"(first in {where}); every rank stops here. To skip such steps instead, as "
             "GradScaler does, use nonfinite='skip' and skip optimizer.step() when "
             "state.last_step['nonfinite'] is set")
+        error.where = where  # for a caller that counts steps its own way (DiLoCo)
+        raise error
 
     def abandon_step(self) -> None:
         """Forget what a step that failed part-way noted (the next step starts clean)."""

@@ -133,3 +133,20 @@ def _residual_on_shard(diloco, n, local_rank, numel):
     pieces = dict(zip(members, full[:numel].split(sizes)))
     ordered = torch.cat([pieces[i] for i in range(len(diloco.params))])
     return torch.cat([ordered, full[numel:]])
+
+
+def diverged(rank, world, ranks_per_node, bad_rank, bad_step, steps):
+    """Rank ``bad_rank``'s parameters turn NaN at inner step ``bad_step``: what each rank's
+    DiLoCo raises, and at which inner step."""
+    topo = Topology.build(ranks_per_node)
+    model, opt, diloco = _setup(topo, node_group(topo), dict(sync_every=4,
+                                                             algorithm="hier_allreduce"))
+    for step in range(steps):
+        if step == bad_step and rank == bad_rank:
+            with torch.no_grad():
+                next(model.module.parameters()).fill_(float("nan"))
+        try:  # the node's DDP spreads the NaN to its other rank's gradients
+            _inner_step(model, opt, diloco, step)
+        except FloatingPointError as exc:
+            return {"step": step + 1, "error": str(exc)}
+    return {"step": None, "error": None}

@@ -106,3 +106,15 @@ def test_resume_bit_identical(config, stop_at):
     if config.get("overlap"):
         assert results[0]["in_flight_at_save"] == 1
         assert results[0]["residuals"] >= 1
+
+
+def test_diverged_inner_steps_stop_every_rank_naming_the_inner_step():
+    """A NaN in one node's parameters reaches the outer exchange as a non-finite
+    pseudo-gradient: every rank stops at that exchange, and the message counts inner steps
+    (the loop's), not the exchange's own step count (which read 51 where the loop was at 260)."""
+    # the NaN appears before inner step 10 (index 9): the exchange after inner step 12 sees it
+    results = run_ranks(diloco_workers.diverged, 4, 2, 3, 9, 16)
+    for result in results:
+        assert result["step"] == 12, result
+        assert "after inner step 12 (outer step 3;" in result["error"], result
+        assert "first in rank 2 bucket" in result["error"], result

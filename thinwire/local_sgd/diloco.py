@@ -190,7 +190,16 @@ class DiLoCo:
         except BaseException:
             self.state.abandon_step()  # what the failed exchange noted is not the next one's
             raise
-        self.state.end_step()
+        try:
+            self.state.end_step()
+        except FloatingPointError as exc:
+            # the state counts its exchanges; the user's loop counts inner steps
+            raise FloatingPointError(
+                f"DiLoCo: non-finite pseudo-gradient (anchor - parameters) in the outer "
+                f"exchange of fragment {f} after inner step {self.inner_steps} (outer step "
+                f"{self.outer_steps[f] + 1}; first in {getattr(exc, 'where', '?')}): the "
+                f"inner steps since the last exchange diverged (a lower inner or outer "
+                f"learning rate may hold them); every rank stops here") from exc
         m, lr = self.outer_momentum, self.outer_lr
         for (_, members), flat in zip(self.buckets[f], averaged):
             offset = 0
