@@ -146,3 +146,20 @@ def test_over_seeds_uses_only_the_seeds_where_every_algorithm_ran(tmp_path):
     [cell] = result["rows"]
     assert cell["seeds"] == "1,2" and cell["auto_s"] == pytest.approx(10.0)
     assert cell["ddp_s"] == pytest.approx(10.0)
+
+
+def test_a_race_under_a_schedule_is_a_cell_of_its_own_named_by_the_schedule(tmp_path):
+    """compare --bandwidth-schedule races start at their first rate: they are not that rate's
+    cell, and they sort after it."""
+    fixed = _results(tmp_path, "fixed", "mnist", [_run("auto", "200mbit", 8.0, "hitopk"),
+                                                  _run("hitopk", "200mbit", 8.0)])
+    path = tmp_path / "sched.json"
+    schedule = "0s:200mbit,4s:25mbit,12s:200mbit"
+    path.write_text(json.dumps({"setting": {"workload": "mnist", "nodes": 2, "ranks_per_node": 2,
+                                            "resources": {"bandwidth_schedule": schedule}},
+                                "runs": [_run("auto", "200mbit", 12.0, "hitopk"),
+                                         _run("powersgd", "200mbit", 10.0)]}))
+    result = auto_grid.judge(argparse.Namespace(results=[fixed, str(path)], json=None))
+    assert [r["rate"] for r in result["rows"]] == ["200mbit", schedule]
+    assert result["rows"][1]["vs_fastest"] == pytest.approx(1.2)
+    assert result["rows"][0]["vs_fastest"] == pytest.approx(1.0)

@@ -64,8 +64,10 @@ def _cells(paths: list[str], by_setting: bool = False, by_seed: bool = False) ->
         results = json.loads(Path(path).read_text())
         setting = results.get("setting") or {}
         shape = f"{setting.get('nodes')}x{setting.get('ranks_per_node')}"
+        schedule = (setting.get("resources") or {}).get("bandwidth_schedule")
         for run in results.get("runs", []):
-            key = (setting.get("workload"), shape, run.get("inter_node_bandwidth"))
+            # a race under a changing link is a cell of its own, named by its schedule
+            key = (setting.get("workload"), shape, schedule or run.get("inter_node_bandwidth"))
             if by_seed:
                 key += (run.get("seed", setting.get("seed")),)
             cells.setdefault(key, {})[label(run, by_setting)] = run
@@ -194,8 +196,16 @@ ROW_COLUMNS = ["workload", "shape", "rate", "auto_s", "auto_choice", "fastest", 
                "vs_fastest", "probe_bound_by", "fidelity"]
 
 
+def _rate_order(rate: str) -> tuple:
+    """A fixed rate by its bit/s; a schedule ("0s:200mbit,...") after its first rate's."""
+    if ":" in rate:
+        return rate_bps(rate.split(",")[0].split(":")[1]), rate
+    return rate_bps(rate), ""
+
+
 def _ordered(cells: dict) -> list:
-    return sorted(cells.items(), key=lambda kv: (kv[0][0] or "", kv[0][1], rate_bps(kv[0][2]),
+    return sorted(cells.items(), key=lambda kv: (kv[0][0] or "", kv[0][1],
+                                                 _rate_order(kv[0][2]),
                                                  *(str(k) for k in kv[0][3:])))
 
 
