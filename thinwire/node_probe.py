@@ -8,9 +8,10 @@ of one all-reduce. Every node measures at once, and every rank gets the slowest 
 (the slowest node paces a step). The host is watched meanwhile (:class:`HostWatch`): on a
 saturated or throttled host the numbers are the host's, and the probe says so.
 
-The plan does not use these numbers (its intra-node link is fitted from the calibration's
-races, on the calibration's cluster); they go into auto's record, so that a user can see what
-the nodes' insides do against what the races assumed.
+auto's plan takes the goodput for its intra-node bandwidth where the host did not bind the
+probe (:mod:`thinwire.sim.probed_links`; the calibration's races fitted it on their own
+cluster); ``thinwire.ddp``'s auto records the numbers (its pilot times the candidates' real
+steps instead).
 """
 
 from __future__ import annotations

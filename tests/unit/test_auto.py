@@ -173,3 +173,29 @@ def test_a_resume_the_plan_cannot_choose_for_goes_on_with_the_checkpoints_choice
     assert "no re-planning" in info["reason"] and "3 x 2" in info["plan_error"]
     with pytest.raises(ValueError, match="no steps to target measured for mnist on 3 x 2"):
         auto._resumed(cfg, None, failed_plan, cfg.resume, [[]])
+
+
+def _intra(goodput, bound_by="link"):
+    return {"ranks_per_node": 2, "goodput_Bps": goodput, "fixed_s": 1e-3, "host_busy": 0.5,
+            "throttled_share": 0.0, "bound_by": bound_by}
+
+
+def test_the_plan_takes_the_intra_node_rate_the_probe_measured(tmp_path):
+    """A run's nodes may hold another link inside than the calibration's (NVLink, PCIe): the
+    probe's rate replaces the fit's where the probe measured the link; a host-bound probe
+    leaves the fit's. (The synthetic calibration's intra-node link is 2 GB/s.)"""
+    path = _results(tmp_path)
+    probe = {"goodput_Bps": 0.85 * 5e7 / 8}
+    _, fitted = choose(_cfg(path), 2, probe)
+    _, slow = choose(_cfg(path), 2, dict(probe, intra_node=_intra(2e7)))
+    _, host = choose(_cfg(path), 2, dict(probe, intra_node=_intra(2e7, "host")))
+    assert fitted["intra_node_link"]["source"] == "calibration"
+    # (the fit pins the intra-node rate poorly: few of a step's seconds wait on it)
+    assert fitted["intra_node_link"]["planned_Bps"] == fitted["intra_node_link"]["fitted_Bps"]
+    assert slow["intra_node_link"]["source"] == "probe"
+    assert slow["intra_node_link"]["planned_Bps"] == 2e7
+    # every candidate moves bytes inside the nodes: a 100x slower link there costs time
+    assert slow["predicted_time_to_target_s"] > 1.1 * fitted["predicted_time_to_target_s"]
+    assert host["intra_node_link"]["source"] == "calibration"
+    assert host["predicted_time_to_target_s"] == pytest.approx(
+        fitted["predicted_time_to_target_s"])

@@ -33,6 +33,7 @@ BENCH_MODULES = [
     "thinwire.bench.auto_grid",
     "thinwire.bench.seed_holdout",
     "thinwire.bench.steps_between",
+    "thinwire.bench.intra_probe",
     "thinwire.bench.ddp_auto_replan",
 ]
 

@@ -3,10 +3,11 @@
 At the start, before the model is built, every rank takes part in a probe of the inter-node
 link (:mod:`thinwire.link_probe`: the goodput and latency between the nodes' first ranks, with
 the host watched meanwhile), and of the links inside the nodes (:mod:`thinwire.node_probe`:
-recorded as ``probe.intra_node``, not planned from). A probe the host bound, not the link
-(saturated CPUs, a CPU quota, or under 80% of the emulator's configured rate) is not trusted:
-a host-bound one is taken again, up to ``link_probe.PROBE_TRIES`` times (then the fastest is
-used), and the choice says where it planned from a probe it did not trust.
+recorded as ``probe.intra_node``; where it measured the link, not the host, the plan's
+intra-node bandwidth is the probe's: :mod:`thinwire.sim.probed_links`). A probe the host bound,
+not the link (saturated CPUs, a CPU quota, or under 80% of the emulator's configured rate) is
+not trusted: a host-bound one is taken again, up to ``link_probe.PROBE_TRIES`` times (then the
+fastest is used), and the choice says where it planned from a probe it did not trust.
 Rank 0 then ranks the candidates with :func:`thinwire.sim.plan.make_plan` - calibrated on
 ``--plan-from`` (thinwire compare results of this workload: the cost model is fitted on them
 and steps to target are read from them) - at the nominal rate the probe implies (goodput over
@@ -105,6 +106,7 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
     target is recorded too (``current_time_to_target_s``; None where it is not ranked);
     ``compute_ms``: this cluster's compute-only step (:mod:`auto_compute`), None: the fit's."""
     from thinwire.sim.plan import make_plan
+    from thinwire.sim.probed_links import intra_from_probe
     from thinwire.sim.steps import WORKLOAD_FIELDS, entries_for, read_table
 
     if probe["goodput_Bps"] is None:
@@ -112,7 +114,9 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
                          "inter-node link to choose for)")
     files = plan_files(cfg)
     fitted = _calibrated(tuple(files))
-    params = fitted[0]
+    # the link inside this run's nodes, where its probe measured it (not the calibration's)
+    params, intra_link = intra_from_probe(fitted[0], probe.get("intra_node"))
+    fitted = (params, *fitted[1:])
     bps = probe["goodput_Bps"] * 8 / params["inter_efficiency"]
     table, _ = read_table(steps_files(cfg))
     found = sorted({w.workload for w in table})
@@ -137,6 +141,7 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
     info = {"probe": probe, "planned_at_bps": bps, "choice": best["candidate"],
             "settings": {"algorithm": best["algorithm"], **best["settings"]},
             "compute": dict(compute, planned_ms=1e3 * plan["compute_s"]),
+            "intra_node_link": intra_link,
             "predicted_time_to_target_s": best["time_to_target_s"],
             # "measured", or the two measured candidates its steps were read between
             "steps_source": best.get("steps_source"),

@@ -54,6 +54,7 @@ class Replanner:
         self.every_s, self.share = cfg.replan_every_s, cfg.replan_share
         self.basis = info["probe"]["goodput_Bps"]  # the goodput the current plan was made at
         self.compute_ms = (info.get("compute") or {}).get("probed_ms")  # the first choice's
+        self.intra_node = info["probe"].get("intra_node")  # likewise (checks probe between nodes)
         self.current = info["choice"]
         self.current_settings = info.get("settings")  # what --resume needs to run it again
         self.checked_at_s = 0.0
@@ -116,7 +117,8 @@ class Replanner:
         message = None
         if dist.get_rank() == 0:
             try:
-                chosen, info = auto.choose(self.cfg, probe["nodes"], probe,
+                chosen, info = auto.choose(self.cfg, probe["nodes"],
+                                           dict(probe, intra_node=self.intra_node),
                                            per_step_only=True, current=self.current,
                                            compute_ms=self.compute_ms)
                 message = {"chosen": chosen, "choice": info["choice"],
