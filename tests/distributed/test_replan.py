@@ -28,6 +28,9 @@ def test_a_link_that_speeds_up_switches_hitopk_to_allreduce_and_flushes(tmp_path
     assert "kept" in checks[0] and abs(checks[0]["change"]) < 1e-9
     assert checks[1]["switched_from"].startswith("hitopk")
     assert checks[1]["switched_to"].startswith("allreduce") and checks[1]["change"] > 10
+    weighed = checks[1]["weighed"]  # in seconds: hitopk's residual is flushed at 1 Gbit/s
+    assert weighed["switch_cost_s"] > 0 and weighed["gain_s"] > 0
+    assert weighed["current_left_s"] > weighed["best_left_s"] + weighed["switch_cost_s"]
     assert "kept" in checks[2]
     [switch] = replanning["switches"]
     assert switch["step"] == 4 and switch["flushed"]["l1"] > 0  # hitopk held mass back

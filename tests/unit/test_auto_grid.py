@@ -149,8 +149,8 @@ def test_over_seeds_uses_only_the_seeds_where_every_algorithm_ran(tmp_path):
 
 
 def test_a_race_under_a_schedule_is_a_cell_of_its_own_named_by_the_schedule(tmp_path):
-    """compare --bandwidth-schedule races start at their first rate: they are not that rate's
-    cell, and they sort after it."""
+    """compare --bandwidth-schedule races record the rate they start at: they are not that
+    rate's cell, and they sort after it; so are races with a node failure."""
     fixed = _results(tmp_path, "fixed", "mnist", [_run("auto", "200mbit", 8.0, "hitopk"),
                                                   _run("hitopk", "200mbit", 8.0)])
     path = tmp_path / "sched.json"
@@ -160,6 +160,15 @@ def test_a_race_under_a_schedule_is_a_cell_of_its_own_named_by_the_schedule(tmp_
                                 "runs": [_run("auto", "200mbit", 12.0, "hitopk"),
                                          _run("powersgd", "200mbit", 10.0)]}))
     result = auto_grid.judge(argparse.Namespace(results=[fixed, str(path)], json=None))
-    assert [r["rate"] for r in result["rows"]] == ["200mbit", schedule]
+    assert [r["rate"] for r in result["rows"]] == ["200mbit", f"200mbit schedule {schedule}"]
     assert result["rows"][1]["vs_fastest"] == pytest.approx(1.2)
     assert result["rows"][0]["vs_fastest"] == pytest.approx(1.0)
+
+
+def test_a_race_with_a_failure_is_a_cell_of_its_own_too():
+    from thinwire.bench.auto_grid import cell_rate
+
+    assert cell_rate({"inter_node_bandwidth": "100mbit"}, {}) == "100mbit"
+    assert cell_rate({"inter_node_bandwidth": "100mbit"},
+                     {"resources": {"failure_schedule": "node1@5s"}}) == \
+        "100mbit fail node1@5s"

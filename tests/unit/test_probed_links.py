@@ -38,3 +38,32 @@ def test_the_fit_stays_where_the_probe_did_not_measure_the_link(intra, why):
 def test_a_probe_figure_that_is_no_rate_is_refused_by_name(goodput):
     with pytest.raises(ValueError, match="goodput_Bps must be a finite number > 0"):
         intra_from_probe(PARAMS, probe(goodput))
+
+
+def test_the_constants_fitted_against_the_fits_rate_are_fitted_again(tmp_path):
+    """A probed intra-node rate far from the fit's: each algorithm's fixed cost per step is
+    fitted again on the calibration runs, which it then predicts no worse than the constants
+    fitted against the old rate would."""
+    import statistics
+
+    from thinwire.sim.calibrate import predict
+    from thinwire.sim.plan import calibrated, with_probed_intra
+
+    from plan_helpers import _results
+
+    path = _results(tmp_path)
+    fitted = calibrated([path], None, "max")
+    same, record = with_probed_intra([path], fitted, probe(7e8, bound_by="host"))
+    assert same is fitted and record["source"] == "calibration"
+    params, mode, runs = fitted
+    faster = 50 * params[FITTED]  # the intra-node phases all but vanish
+    (probed, _, _), record = with_probed_intra([path], fitted, probe(faster))
+    assert record["source"] == "probe" and probed[FITTED] == faster
+    assert params[FITTED] != faster  # the cached fit is left as it was
+
+    def error(p):
+        return statistics.mean(abs(predict(r, p, mode)["iteration_s"] / r.iteration_s - 1)
+                               for r in runs)
+    kept = dict(params, **{FITTED: faster})  # the old constants beside the new rate
+    assert error(probed) <= error(kept) + 1e-12
+    assert probed["step_extra_s"] != kept["step_extra_s"]

@@ -102,3 +102,63 @@ def test_a_recheck_the_host_bound_keeps_the_choice_and_says_why(world_of_one, mo
     assert event["kept"] == "hitopk" and event["bound_by"] == "host"
     assert "99% busy" in event["reason"]
     assert planner.basis == 1e7  # the plan's basis stays the trusted probe's
+
+
+def _figures(current_steps=80, current_step_s=0.4, best_steps=46, best_step_s=0.2,
+             warmup_extra_s=0.0, flush_s=6.0):
+    return {"current": {"steps": current_steps, "step_s": current_step_s,
+                        "warmup_extra_s": 0.0},
+            "best": {"steps": best_steps, "step_s": best_step_s,
+                     "warmup_extra_s": warmup_extra_s}, "flush_s": flush_s}
+
+
+def test_a_switch_is_weighed_in_the_seconds_left_with_its_flush_and_warm_up():
+    from thinwire.train.replan import weigh_switch
+
+    # at step 40 of 80, half is left: 16 s on the current choice, 4.6 s on the best
+    early = weigh_switch(_figures(), 40, residual=True)
+    assert early["left_share"] == pytest.approx(0.5)
+    assert early["current_left_s"] == pytest.approx(16.0)
+    assert early["best_left_s"] == pytest.approx(4.6)
+    assert early["gain_s"] == pytest.approx(16.0 - 4.6 - 6.0)
+    # near the end the flush costs more than the steps left save
+    late = weigh_switch(_figures(), 76, residual=True)
+    assert late["left_share"] == pytest.approx(0.1)  # at least a tenth is taken to be left
+    assert late["gain_s"] < 0
+    # no residual: no flush to pay; the best's warm-up is paid again in full
+    assert weigh_switch(_figures(), 76, residual=False)["gain_s"] == pytest.approx(
+        3.2 - 0.92)
+    assert weigh_switch(_figures(warmup_extra_s=5.0), 76, residual=False)["gain_s"] < 0
+    assert weigh_switch({"best": _figures()["best"], "current": None}, 4, True) is None
+
+
+def test_which_synchronisations_hold_back_a_residual():
+    from thinwire.train.replan import keeps_residual
+
+    assert keeps_residual({"algorithm": "powersgd"})
+    assert keeps_residual({"algorithm": "hitopk", "density": 0.05})
+    assert not keeps_residual({"algorithm": "hitopk", "error_feedback": False})
+    assert not keeps_residual({"algorithm": "ddp-fp16"})
+    assert not keeps_residual({"algorithm": "allreduce"})
+
+
+def test_a_recheck_plans_with_the_first_probes_intra_node_figure(world_of_one, monkeypatch):
+    """The checks probe between the nodes only: the plan again must keep the intra-node rate
+    the first choice planned from, or its ranking would not be the first choice's."""
+    from thinwire.train import auto
+
+    intra = {"ranks_per_node": 2, "goodput_Bps": 6e8, "bound_by": "link"}
+    monkeypatch.setattr(auto, "probe_inter_node", lambda *a, **k: {
+        "nodes": 2, "goodput_Bps": 1e9, "trusted": True})
+    seen = []
+
+    def choose(cfg, nodes, probe, **kwargs):
+        seen.append(probe)
+        raise ValueError("planned")  # the check keeps its choice and says why
+    monkeypatch.setattr(auto, "choose", choose)
+    cfg = TrainConfig(algorithm="auto", plan_from="x.json", ranks_per_node=1)
+    planner = replan.Replanner(cfg, {"probe": {"goodput_Bps": 1e7, "intra_node": intra},
+                                     "choice": "hitopk"})
+    assert planner.check(train_time_s=5.0, step=3) is None
+    assert [p["intra_node"] for p in seen] == [intra] and seen[0]["goodput_Bps"] == 1e9
+    assert "planned" in planner.events[-1]["reason"]

@@ -64,10 +64,8 @@ def _cells(paths: list[str], by_setting: bool = False, by_seed: bool = False) ->
         results = json.loads(Path(path).read_text())
         setting = results.get("setting") or {}
         shape = f"{setting.get('nodes')}x{setting.get('ranks_per_node')}"
-        schedule = (setting.get("resources") or {}).get("bandwidth_schedule")
         for run in results.get("runs", []):
-            # a race under a changing link is a cell of its own, named by its schedule
-            key = (setting.get("workload"), shape, schedule or run.get("inter_node_bandwidth"))
+            key = (setting.get("workload"), shape, cell_rate(run, setting))
             if by_seed:
                 key += (run.get("seed", setting.get("seed")),)
             cells.setdefault(key, {})[label(run, by_setting)] = run
@@ -196,11 +194,21 @@ ROW_COLUMNS = ["workload", "shape", "rate", "auto_s", "auto_choice", "fastest", 
                "vs_fastest", "probe_bound_by", "fidelity"]
 
 
+def cell_rate(run: dict, setting: dict) -> str:
+    """The cell's rate: the run's link rate, and where the link changed during the race (a
+    bandwidth schedule, a node failure) what changed it: such a race is a cell of its own."""
+    resources = setting.get("resources") or {}
+    rate = str(run.get("inter_node_bandwidth"))
+    for key, word in (("bandwidth_schedule", "schedule"), ("failure_schedule", "fail")):
+        if resources.get(key):
+            rate += f" {word} {resources[key]}"
+    return rate
+
+
 def _rate_order(rate: str) -> tuple:
-    """A fixed rate by its bit/s; a schedule ("0s:200mbit,...") after its first rate's."""
-    if ":" in rate:
-        return rate_bps(rate.split(",")[0].split(":")[1]), rate
-    return rate_bps(rate), ""
+    """By the starting link rate's bit/s, then what changed it (a fixed rate first)."""
+    first, _, changed = rate.partition(" ")
+    return rate_bps(first), changed
 
 
 def _ordered(cells: dict) -> list:

@@ -5,10 +5,12 @@ probed than from the calibration's fitted one?
         --results GRID1.json GRID2.json ... --json OUT.json
 
 For every ``auto`` run in ``--results`` that recorded an intra-node probe, the plan is made
-twice at the rate and compute scale auto planned at: with the fit's intra-node bandwidth, and
-with the probe's (:mod:`thinwire.sim.probed_links`, whatever the probe's trust). Each fixed
-candidate raced beside it (same file, same rate) has its measured step set beside both
-predictions; each plan's choice is set beside the measured times to target of the cell. Nothing
+with the fit's intra-node bandwidth and with the probe's (whatever the probe's trust; the
+constants fitted against the fit's rate fitted again, as auto does:
+:func:`thinwire.sim.plan.with_probed_intra`), at auto's compute scale. Each fixed candidate
+raced beside it (same file, same rate) has its measured step set beside both predictions at
+the rate it raced at; each plan's choice, made at the rate auto planned at, is set beside the
+measured times to target of the cell. Nothing
 is raced: it reads results. (The emulator's nodes are the calibration's nodes: this measures
 whether the probe pins the intra-node rate better than the fit, not a cluster whose insides
 differ from the calibration's.)
@@ -42,19 +44,15 @@ def _changing(run: dict) -> bool:
     return bool(resources.get("bandwidth_schedule") or resources.get("failure_schedule"))
 
 
-def _plan(plan_from, steps_from, auto_run, fitted, intra) -> dict:
-    """The plan auto made for ``auto_run``, with the fit's intra-node bandwidth (``intra``
-    None) or the probe's (host-bound or not: the bench asks what the probe's figure does)."""
+def _plan(plan_from, steps_from, auto_run, fitted, rate) -> dict:
+    """The plan at ``rate`` (a rate compare names, or bit/s) on ``auto_run``'s cluster, with
+    auto's compute scale, from ``fitted``."""
     from thinwire.sim.plan import make_plan
-    from thinwire.sim.probed_links import FITTED
 
-    params, mode, runs = fitted
-    used = params if intra is None else dict(params, **{FITTED: intra["goodput_Bps"]})
-    record = auto_run["auto"]
     plan = make_plan(plan_from, steps_from, None, auto_run["nodes"],
-                     auto_run["world_size"] // auto_run["nodes"], [record["planned_at_bps"]],
-                     fitted=(used, mode, runs), with_break_even=False,
-                     compute_scale=(record.get("compute") or {}).get("scale", 1.0))
+                     auto_run["world_size"] // auto_run["nodes"], [rate], fitted=fitted,
+                     with_break_even=False,
+                     compute_scale=(auto_run["auto"].get("compute") or {}).get("scale", 1.0))
     return plan["plans"][0]
 
 
@@ -62,7 +60,7 @@ def rows_for(plan_from, steps_from, results) -> tuple[list[dict], list[dict]]:
     """(per fixed candidate beside an auto run: measured and both predicted steps; per auto
     run: both plans' choices and their measured times)."""
     from thinwire.output import read_json
-    from thinwire.sim.plan import calibrated
+    from thinwire.sim.plan import calibrated, with_probed_intra
 
     fitted = calibrated(list(plan_from), None, "max")
     steps_from = list(plan_from) + list(steps_from)  # as auto reads steps
@@ -72,14 +70,23 @@ def rows_for(plan_from, steps_from, results) -> tuple[list[dict], list[dict]]:
         for auto_run in block.get("runs", []):
             intra = ((auto_run.get("auto") or {}).get("probe") or {}).get("intra_node")
             if auto_run.get("algorithm") != "auto" or auto_run.get("status") != "ok" or \
-                    not intra or intra.get("goodput_Bps") is None or _changing(auto_run):
+                    not intra or intra.get("goodput_Bps") is None or _changing(auto_run) \
+                    or auto_run["auto"].get("planned_at_bps") is None:  # resumed, unplanned
                 continue
             rate = auto_run["inter_node_bandwidth"]
             fixed = _fixed_runs(block, rate)
-            fit = _plan(plan_from, steps_from, auto_run, fitted, None)
-            probed = _plan(plan_from, steps_from, auto_run, fitted, intra)
-            by_fit = {r["candidate"]: r for r in fit["rows"]}
-            by_probe = {r["candidate"]: r for r in probed["rows"]}
+            # the probe's rate whatever its trust (the bench asks what its figure does), the
+            # constants fitted against the fit's rate fitted again, as auto does
+            probed_fit, _ = with_probed_intra(plan_from, fitted, dict(intra, bound_by="link"))
+            # the steps at the rate the fixed runs raced at (the model's error alone); the
+            # choices at the rate auto planned at (its inter-node probe's)
+            by_fit = {r["candidate"]: r
+                      for r in _plan(plan_from, steps_from, auto_run, fitted, rate)["rows"]}
+            by_probe = {r["candidate"]: r for r in _plan(plan_from, steps_from, auto_run,
+                                                         probed_fit, rate)["rows"]}
+            planned_at = auto_run["auto"]["planned_at_bps"]
+            fit = _plan(plan_from, steps_from, auto_run, fitted, planned_at)
+            probed = _plan(plan_from, steps_from, auto_run, probed_fit, planned_at)
             for label, run in sorted(fixed.items()):
                 if label not in by_fit or not run.get("iter_ms"):
                     continue

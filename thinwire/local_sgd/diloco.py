@@ -184,7 +184,7 @@ class DiLoCo:
 
     @torch.no_grad()
     def _apply(self, f: int) -> None:
-        _, exchange = self._pending.pop(f)
+        due, exchange = self._pending.pop(f)
         try:
             averaged = exchange.wait()
         except BaseException:
@@ -193,10 +193,11 @@ class DiLoCo:
         try:
             self.state.end_step()
         except FloatingPointError as exc:
-            # the state counts its exchanges; the user's loop counts inner steps
+            # the state counts its exchanges; the user's loop counts inner steps (the
+            # pseudo-gradient was taken at the launch, ``delay`` inner steps before it is due)
             raise FloatingPointError(
                 f"DiLoCo: non-finite pseudo-gradient (anchor - parameters) in the outer "
-                f"exchange of fragment {f} after inner step {self.inner_steps} (outer step "
+                f"exchange of fragment {f} after inner step {due - self.delay} (outer step "
                 f"{self.outer_steps[f] + 1}; first in {getattr(exc, 'where', '?')}): the "
                 f"inner steps since the last exchange diverged (a lower inner or outer "
                 f"learning rate may hold them); every rank stops here") from exc

@@ -547,6 +547,15 @@ def _step_extras(runs: list[Run], params: dict, overlap) -> dict:
     return extras
 
 
+def refit_step_extras(runs: list[Run], params: dict, overlap) -> dict:
+    """``params`` with each algorithm's fixed cost per step fitted again on ``runs``, the
+    shared parameters held (as :func:`fit` derives them): where a shared parameter changed
+    after the fit (the plan's intra-node rate from a probe), the constants fitted against
+    the old value would keep the time it charged."""
+    return dict(params, step_extra_s=_step_extras(runs, dict(params, step_extra_s={}),
+                                                  overlap))
+
+
 def wire_share(run: Run, params: dict, overlap) -> float:
     """The share of ``run``'s measured step that its inter-node bytes take on the wire."""
     if run.inter_bps is None:

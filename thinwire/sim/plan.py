@@ -27,10 +27,12 @@ from dataclasses import dataclass
 from thinwire import collectives
 from thinwire.sim import powersgd
 from thinwire.sim.calibrate import (ALGORITHM_ALIASES, Run, fit, mode_name, overlap_modes,
-                                    predict, predict_diloco, rate_bps, read_runs, reindexed)
+                                    predict, predict_diloco, rate_bps, read_runs,
+                                    refit_step_extras, reindexed)
 from thinwire.sim.diloco_fit import fit_extra, read_diloco_runs
 from thinwire.sim.diloco_fit import warnings as diloco_warnings
 from thinwire.sim.steps import candidate_of, entries_for, merged_spread, read_table
+from thinwire.sim.probed_links import intra_from_probe
 from thinwire.sim.steps_estimate import interpolated
 from thinwire.train import modes, settings as train_settings
 from thinwire.train import race_config
@@ -266,6 +268,24 @@ def calibrated(paths, calibrate_at: str | None, form: str, overlap: str = "hooks
     if extra:
         params = dict(params, diloco_extra=extra)
     return params, mode, runs
+
+
+def with_probed_intra(paths, fitted: tuple, intra: dict | None) -> tuple[tuple, dict]:
+    """``fitted`` (:func:`calibrated`'s result on ``paths``) planning with the intra-node rate
+    a probe measured (:mod:`thinwire.sim.probed_links`), and what was fitted against the fit's
+    rate fitted again against it, the shared parameters held: each algorithm's fixed cost per
+    step and DiLoCo's cost. (the fitted tuple, the record of the rate planned from)."""
+    params, mode, runs = fitted
+    probed, record = intra_from_probe(params, intra)
+    if probed is params:  # the fit's rate stays, and all fitted against it
+        return fitted, record
+    probed = refit_step_extras(runs, probed, mode)
+    probed.pop("diloco_extra", None)
+    diloco_runs, _ = read_diloco_runs(paths, None)
+    extra = fit_extra(diloco_runs, runs, probed)
+    if extra:
+        probed["diloco_extra"] = extra
+    return (probed, mode, runs), record
 
 
 def fitted_compute(params: dict, runs: list, nodes: int, ranks_per_node: int) -> float | None:

@@ -15,6 +15,8 @@ emulator cannot add latency to check that use either.
 
 A probe the host bound (saturated or throttled CPUs while it ran) measured the host, and a
 probe with one rank a node measured nothing: the fit's link stays then, and the record says why.
+What was fitted against the fit's rate (each algorithm's fixed cost per step, DiLoCo's cost) is
+fitted again against the probe's by :func:`thinwire.sim.plan.with_probed_intra`.
 """
 
 from __future__ import annotations

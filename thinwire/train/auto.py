@@ -105,19 +105,17 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
     another per-step synchronisation); ``current``: a candidate whose predicted time to
     target is recorded too (``current_time_to_target_s``; None where it is not ranked);
     ``compute_ms``: this cluster's compute-only step (:mod:`auto_compute`), None: the fit's."""
-    from thinwire.sim.plan import make_plan
-    from thinwire.sim.probed_links import intra_from_probe
+    from thinwire.sim.plan import make_plan, with_probed_intra
     from thinwire.sim.steps import WORKLOAD_FIELDS, entries_for, read_table
 
     if probe["goodput_Bps"] is None:
         raise ValueError("--algorithm auto needs at least 2 nodes (one node has no "
                          "inter-node link to choose for)")
     files = plan_files(cfg)
-    fitted = _calibrated(tuple(files))
     # the link inside this run's nodes, where its probe measured it (not the calibration's)
-    params, intra_link = intra_from_probe(fitted[0], probe.get("intra_node"))
-    fitted = (params, *fitted[1:])
-    bps = probe["goodput_Bps"] * 8 / params["inter_efficiency"]
+    fitted, intra_link = with_probed_intra(files, _calibrated(tuple(files)),
+                                           probe.get("intra_node"))
+    bps = probe["goodput_Bps"] * 8 / fitted[0]["inter_efficiency"]
     table, _ = read_table(steps_files(cfg))
     found = sorted({w.workload for w in table})
     if len(found) != 1:
@@ -155,7 +153,23 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
     if current is not None:
         info["current_time_to_target_s"] = next(
             (r["time_to_target_s"] for r in rows if r["candidate"] == current), None)
+        info["switch"] = switch_figures(plan, rows, current, best)
     return {"algorithm": best["algorithm"], **best["settings"]}, info
+
+
+def switch_figures(plan: dict, rows: list, current: str, best: dict) -> dict:
+    """What a switch from ``current`` to ``best`` weighs at the plan's rate
+    (:func:`thinwire.train.replan.weigh_switch`): each one's steps to target and step time,
+    the seconds ``best``'s dense warm-up steps cost beyond compressed ones (a new DDP wrapper
+    runs them again), and one dense fp32 all-reduce of the model (the flush of a residual:
+    thinwire's flat all-reduce's step less the compute)."""
+    def figures(row):
+        return {"steps": row["steps"], "step_s": row["step_s"],
+                "warmup_extra_s": max(0.0, row["time_to_target_s"] - row["steps"] * row["step_s"])}
+    now = next((r for r in rows if r["candidate"] == current), None)
+    dense = next((r for r in plan["plans"][0]["rows"] if r["candidate"] == "allreduce"), None)
+    return {"current": figures(now) if now else None, "best": figures(best),
+            "flush_s": max(0.0, dense["step_s"] - plan["compute_s"]) if dense else None}
 
 
 def gather_json(payload, group) -> list:

@@ -15,7 +15,10 @@ The switch (:func:`switch`): the residuals a sparse algorithm (or PowerSGD) hold
 coordinates of its own buckets and settings, so they are flushed densely
 (:func:`thinwire.sync.flush_residuals`: every rank's residual, averaged, one dense all-reduce)
 and added once to the next step's synchronised gradients, before the optimizer's step: the
-mass is delivered, not dropped (tested: applied + flushed = the dense average). The new
+mass is delivered, not dropped (tested: applied + flushed = the dense average). A switch is
+weighed in seconds before it is made (:func:`weigh_switch`): the steps left at each choice's
+step time at the new rate, against the flush and the new choice's dense warm-up steps, which a
+slow link can make dearer than what the switch saves. The new
 synchronisation is a new DDP wrapper around the same module (DDP takes one communication hook
 for its life); the optimizer, its momentum and the schedule go on. Momentum correction's
 velocities are dropped with the residuals. DiLoCo candidates are left out mid-run (another
@@ -33,13 +36,15 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from thinwire import link_probe
+from thinwire import collectives, link_probe
 from thinwire.plan_choice import RECHECK_BYTES, SWITCH_MIN_GAIN
 from thinwire.train import auto, grad_sync, modes
 
 log = logging.getLogger(__name__)
 
 RECHECK_REPEATS = 1
+# a run past its predicted steps to target has this share of them left, for weighing a switch
+MIN_LEFT_SHARE = 0.1
 
 
 class Replanner:
@@ -124,7 +129,8 @@ class Replanner:
                 message = {"chosen": chosen, "choice": info["choice"],
                            "planned_at_bps": info["planned_at_bps"],
                            "best_s": info["predicted_time_to_target_s"],
-                           "current_s": info.get("current_time_to_target_s")}
+                           "current_s": info.get("current_time_to_target_s"),
+                           "switch": info.get("switch")}
             except Exception as exc:  # noqa: BLE001 - every rank ends with rank 0's error
                 message = {"error": f"{type(exc).__name__}: {exc}"}
         if self._answers is None:  # a gloo group of every rank, kept: rank 0 plans meanwhile
@@ -154,12 +160,48 @@ class Replanner:
             if gain < SWITCH_MIN_GAIN:
                 self.events.append(dict(event, kept=self.current, best=message["choice"]))
                 return None
+        weighed = weigh_switch(message.get("switch") or {}, step,
+                               keeps_residual(self.current_settings or {}))
+        if weighed is not None:
+            event["weighed"] = weighed
+            if weighed["gain_s"] <= 0:
+                self.events.append(dict(event, kept=self.current, best=message["choice"],
+                                        reason="the switch would cost more than it saves "
+                                               "in the steps left"))
+                return None
         event.update(switched_from=self.current, switched_to=message["choice"])
         self.events.append(event)
         log.info("auto: the link moved %+.0f%%; switching from %s to %s at step %d",
                  100 * change, self.current, message["choice"], step)
         self.current, self.current_settings = message["choice"], message["chosen"]
         return message["chosen"]
+
+
+def keeps_residual(settings: dict) -> bool:
+    """Whether the synchronisation ``settings`` name holds back a residual a switch flushes
+    (PowerSGD's error feedback; a sparse algorithm's, unless turned off)."""
+    algorithm = settings.get("algorithm")
+    if algorithm == "powersgd":
+        return True
+    return algorithm in collectives.sparse_names() and settings.get("error_feedback", True)
+
+
+def weigh_switch(figures: dict, step: int, residual: bool) -> dict | None:
+    """A switch's worth in seconds at the new rate: the steps left (the share of the current
+    choice's predicted steps not yet taken, at least ``MIN_LEFT_SHARE``: a run past its
+    prediction is not taken to be done) at each one's step time, the best's dense warm-up
+    run again, and the flush of ``residual`` (one dense all-reduce of the model, which at a
+    slow rate can cost more than the switch saves: 19.6 MB for compare's MNIST model, seconds
+    at 25 Mbit/s). None where the plan gave no figures for the current choice."""
+    current, best = figures.get("current"), figures.get("best")
+    if not current or not best or not current["steps"]:
+        return None
+    share = max(MIN_LEFT_SHARE, 1.0 - step / current["steps"])
+    current_left = share * current["steps"] * current["step_s"]
+    best_left = share * best["steps"] * best["step_s"] + best["warmup_extra_s"]
+    cost = (figures.get("flush_s") or 0.0) if residual else 0.0
+    return {"left_share": share, "current_left_s": current_left, "best_left_s": best_left,
+            "switch_cost_s": cost, "gain_s": current_left - best_left - cost}
 
 
 def _pace(curve: list[dict]) -> float | None:
