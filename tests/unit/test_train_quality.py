@@ -256,3 +256,56 @@ def test_a_miss_between_two_rates_breaks_the_line(tmp_path, monkeypatch):
     ys = list(line.get_ydata())
     assert list(line.get_xdata()) == [50.0, 200.0, 1000.0]
     assert ys[0] == 20.0 and math.isnan(ys[1]) and ys[2] == 22.0
+
+
+def test_tuning_diloco_varies_its_outer_learning_rate_and_keeps_the_inner_one(monkeypatch,
+                                                                               tmp_path):
+    """DiLoCo's inner steps are DDP's at the workload's rate; its own setting is the outer
+    learning rate (the LM trained at 0.3, not at the default 0.7): --tune varies that."""
+    from thinwire.train import compare as compare_mod
+
+    seen = []
+
+    def fake_run(settings, cfg, rate, out, bar=None, tag=""):
+        seen.append((cfg.algorithm, cfg.lr, cfg.outer_lr, tag))
+        return {"status": "ok", "time_to_target_s": 10.0 + abs(cfg.outer_lr - 0.35),
+                "quality_at_budget": 0.95}
+
+    monkeypatch.setattr(compare_mod, "run_one", fake_run)
+    s = CompareSettings(algorithms=["diloco"], tune=True, lr_grid=(0.5, 1.0, 2.0),
+                        train={"sync_every": 4}).validate()
+    tuned = compare_mod.tune_lr(s, "diloco", "200mbit", tmp_path)
+    assert tuned["setting"] == "outer_lr" and tuned["chosen_lr"] == pytest.approx(0.35)
+    assert [x[2] for x in seen] == pytest.approx([0.35, 0.7, 1.4])
+    assert {x[1] for x in seen} == {s.base_config().lr}  # the inner rate stays the workload's
+    assert all(x[3].startswith("_tune_outer_lr") for x in seen)
+    assert compare_mod.tuned_setting("hitopk") == "lr"
+
+
+def test_a_tuning_grid_that_takes_a_setting_out_of_range_is_refused_before_any_run():
+    with pytest.raises(ValueError, match=r"--tune tries outer_lr x 4 for diloco"):
+        CompareSettings(algorithms=["diloco"], tune=True, lr_grid=(1.0, 4.0),
+                        train={"sync_every": 4, "outer_lr": 3.0}).validate()
+
+
+def test_the_races_after_tuning_run_at_the_chosen_outer_learning_rate(monkeypatch, tmp_path):
+    from thinwire.train import compare as compare_mod
+
+    seen = []
+
+    def fake_run(settings, cfg, rate, out, bar=None, tag=""):
+        seen.append((tag, cfg.lr, cfg.outer_lr))
+        return {"algorithm": cfg.algorithm, "inter_node_bandwidth": rate, "status": "ok",
+                "time_to_target_s": 10.0 + abs(cfg.outer_lr - 1.4), "quality_at_budget": 0.95}
+
+    monkeypatch.setattr(compare_mod, "run_one", fake_run)
+    monkeypatch.setattr(compare_mod.report, "write_all", lambda results, out: None)
+    monkeypatch.setattr(compare_mod.report, "annotate", lambda runs: runs)
+    s = CompareSettings(algorithms=["diloco"], tune=True, lr_grid=(0.5, 1.0, 2.0),
+                        rates=["200mbit", "1gbit"], shaping=False,
+                        train={"sync_every": 4})
+    results = compare_mod.compare(s, tmp_path, progress=False)
+    races = [x for x in seen if x[0] == ""]
+    assert [x[2] for x in races] == pytest.approx([1.4, 1.4])
+    assert {x[1] for x in seen} == {s.base_config().lr}
+    assert results["tuning"][0]["setting"] == "outer_lr"

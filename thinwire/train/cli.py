@@ -104,9 +104,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-every", type=int, default=0, metavar="STEPS",
                    help="steps between evaluations (0 = the workload's)")
     p.add_argument("--tune", action="store_true", help="choose each algorithm's learning rate "
-                   "from --lr-grid on seed + 1 first (same budget for every method)")
+                   "(DiLoCo's: its outer one) from --lr-grid on seed + 1 first (same budget "
+                   "for every method)")
     p.add_argument("--lr-grid", default=",".join(f"{m:g}" for m in s.lr_grid), metavar="LIST",
-                   help="multiples of the workload's learning rate tried by --tune")
+                   help="multiples of the workload's learning rate (DiLoCo: of --outer-lr) "
+                        "tried by --tune")
     p.add_argument("--nodes", type=int, default=s.nodes, help="emulated nodes")
     p.add_argument("--ranks-per-node", type=int, default=s.ranks_per_node, help="ranks a node")
     p.add_argument("--inter-node-bandwidth", nargs="+", default=list(s.rates), metavar="RATE",

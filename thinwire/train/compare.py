@@ -148,6 +148,14 @@ class CompareSettings:
         for algorithm in self.algorithms:  # every run's config, checked before the first runs
             try:  # a fault-tolerant run's config checks what that loop can run
                 cfg = self.run_config(algorithm).validate()
+                for multiple in self.lr_grid if self.tune else ():  # what tuning will try
+                    knob = tuned_setting(algorithm)
+                    try:
+                        dataclasses.replace(cfg, **{knob: getattr(cfg, knob) * multiple}
+                                            ).validate()
+                    except ValueError as exc:
+                        raise ValueError(f"--tune tries {knob} x {multiple:g} for "
+                                         f"{algorithm}: {exc}") from None
             except ValueError as exc:
                 if not self.fault_tolerant:
                     raise
@@ -436,17 +444,30 @@ def _total_steps(cfg: TrainConfig, settings: CompareSettings) -> int:
     return min(total, cfg.max_iters) if cfg.max_iters else total
 
 
+def tuned_setting(algorithm: str) -> str:
+    """What ``--tune`` varies for ``algorithm``: the learning rate, or for DiLoCo (a loop
+    of its own, whose inner steps are DDP's at the workload's rate) its outer learning rate,
+    the method's own setting (at the default 0.7 DiLoCo did not train the LM at H 5 and 10;
+    at 0.3 it did)."""
+    return "lr" if modes.mode_of(algorithm).per_step else "outer_lr"
+
+
 def tune_lr(settings: CompareSettings, algorithm: str, rate: str, out: Path, bar=None) -> dict:
-    """Train ``algorithm`` once per learning rate of the grid on seed + 1; the chosen rate."""
+    """Train ``algorithm`` once per multiple of the grid on seed + 1 (of its learning rate, or
+    of DiLoCo's outer one: :func:`tuned_setting`); the chosen value."""
     metric = workloads.metric_of(settings.workload)
     base = settings.base_config()
+    knob = tuned_setting(algorithm)
     trials = []
     for multiple in settings.lr_grid:
-        cfg = settings.run_config(algorithm, lr=base.lr * multiple, seed=base.seed + 1)
-        run = run_one(settings, cfg, rate, out, bar, tag=f"_tune_lr{cfg.lr:g}")
+        cfg = settings.run_config(algorithm, seed=base.seed + 1)
+        cfg = dataclasses.replace(cfg, **{knob: getattr(cfg, knob) * multiple}).validate()
+        value = getattr(cfg, knob)
+        tag = f"_tune_lr{value:g}" if knob == "lr" else f"_tune_{knob}{value:g}"
+        run = run_one(settings, cfg, rate, out, bar, tag=tag)
         if bar is not None:
             bar.update(1)
-        trials.append({"lr": cfg.lr, "status": run["status"],
+        trials.append({"lr": value, "status": run["status"],
                        "time_to_target_s": run.get("time_to_target_s"),
                        "quality_at_budget": run.get("quality_at_budget")})
     chosen = None
@@ -455,8 +476,9 @@ def tune_lr(settings: CompareSettings, algorithm: str, rate: str, out: Path, bar
             continue
         if chosen is None or _better_trial(trial, chosen, metric):
             chosen = trial
-    return {"algorithm": algorithm, "seed": base.seed + 1, "trials": trials,
-            "chosen_lr": chosen["lr"] if chosen else base.lr}
+    return {"algorithm": algorithm, "seed": base.seed + 1, "setting": knob, "trials": trials,
+            "chosen_lr": chosen["lr"] if chosen else getattr(
+                settings.run_config(algorithm), knob)}
 
 
 def _better_trial(a: dict, b: dict, metric: quality.Metric) -> bool:
@@ -485,14 +507,15 @@ def compare(settings: CompareSettings, out: str | os.PathLike, progress: bool = 
     runs, tuning = [], []
     try:
         with redirect:
-            lrs = {}
+            tuned_values = {}
             if settings.tune:  # at the first rate: the learning rate is not the link's business
                 for algorithm in settings.algorithms:
                     tuned = tune_lr(settings, algorithm, settings.rates[0], out, bar)
                     tuning.append(tuned)
-                    lrs[algorithm] = tuned["chosen_lr"]
+                    tuned_values[algorithm] = {tuned["setting"]: tuned["chosen_lr"]}
             for rate, algorithm in jobs:
-                cfg = settings.run_config(algorithm, lr=lrs.get(algorithm))
+                cfg = dataclasses.replace(settings.run_config(algorithm),
+                                          **tuned_values.get(algorithm, {})).validate()
                 runs.append(run_one(settings, cfg, rate, out, bar))
                 if bar is not None:
                     bar.update(1)

@@ -175,13 +175,15 @@ def markdown(results: dict, figures: list[str] | None = None) -> str:
     for name in figures or []:
         lines += [f"![{name[:-4].replace('_', ' ')}]({name})", ""]
     if results.get("tuning"):
-        lines += ["## Learning-rate tuning (seed %d)" % (s["seed"] + 1), ""]
+        lines += ["## Learning-rate tuning (seed %d; DiLoCo: its outer learning rate)"
+                  % (s["seed"] + 1), ""]
         for t in results["tuning"]:
             trials = ", ".join(
                 f"{x['lr']:g}: " + (f"{x['time_to_target_s']:.1f} s" if x["time_to_target_s"]
                                     else f"missed, {x['quality_at_budget']}")
                 for x in t["trials"])
-            lines.append(f"- {t['algorithm']}: {trials} -> lr {t['chosen_lr']:g}")
+            lines.append(f"- {t['algorithm']}: {trials} -> {t.get('setting', 'lr')} "
+                         f"{t['chosen_lr']:g}")
         lines.append("")
     for run in results["runs"]:
         if run.get("status") != "ok":
