@@ -309,3 +309,29 @@ def test_the_races_after_tuning_run_at_the_chosen_outer_learning_rate(monkeypatc
     assert [x[2] for x in races] == pytest.approx([1.4, 1.4])
     assert {x[1] for x in seen} == {s.base_config().lr}
     assert results["tuning"][0]["setting"] == "outer_lr"
+
+
+def test_a_finished_diloco_run_is_reused_only_at_its_own_outer_learning_rate(monkeypatch,
+                                                                             tmp_path):
+    """A run's recorded setting names the outer learning rate it ran at (--tune may have
+    chosen it): compare skips it on a rerun at that rate only."""
+    import dataclasses
+    import json
+
+    from thinwire.train import compare as compare_mod
+
+    s = CompareSettings(algorithms=["diloco"], shaping=False, train={"sync_every": 4})
+    tuned = dataclasses.replace(s.run_config("diloco"), outer_lr=0.35)
+    key = compare_mod.run_key("diloco", "200mbit", s)
+    setting = {**s.common(), "lr": tuned.lr, "seed": tuned.seed,
+               "inter_node_bandwidth": "200mbit", "outer_lr": 0.35}
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / f"{key}.json").write_text(json.dumps(
+        {"setting": setting, "status": "ok", "time_to_target_s": 9.0}))
+
+    def launched(*args, **kwargs):
+        raise RuntimeError("launched")
+    monkeypatch.setattr(compare_mod, "cluster_run", launched)
+    assert compare_mod.run_one(s, tuned, "200mbit", tmp_path)["time_to_target_s"] == 9.0
+    with pytest.raises(RuntimeError, match="launched"):  # the default 0.7: not that run
+        compare_mod.run_one(s, s.run_config("diloco"), "200mbit", tmp_path)

@@ -356,6 +356,8 @@ def run_one(settings: CompareSettings, cfg: TrainConfig, rate: str, out: Path, b
     key = run_key(cfg.algorithm, rate, settings, tag)
     setting = {**settings.common(), "lr": cfg.lr, "seed": cfg.seed,
                "inter_node_bandwidth": rate}
+    if not modes.mode_of(cfg.algorithm).per_step:  # --tune may have chosen DiLoCo's own
+        setting["outer_lr"] = cfg.outer_lr
     path = out / "runs" / f"{key}.json"
     if path.is_file():
         try:
