@@ -44,16 +44,16 @@ def _changing(run: dict) -> bool:
     return bool(resources.get("bandwidth_schedule") or resources.get("failure_schedule"))
 
 
-def _plan(plan_from, steps_from, auto_run, fitted, rate) -> dict:
-    """The plan at ``rate`` (a rate compare names, or bit/s) on ``auto_run``'s cluster, with
-    auto's compute scale, from ``fitted``."""
+def _plans(plan_from, steps_from, auto_run, fitted, rates: list) -> list[dict]:
+    """The plan at each of ``rates`` (rates compare names, or bit/s) on ``auto_run``'s
+    cluster, with auto's compute scale, from ``fitted``: one plan, one reading of the steps."""
     from thinwire.sim.plan import make_plan
 
     plan = make_plan(plan_from, steps_from, None, auto_run["nodes"],
-                     auto_run["world_size"] // auto_run["nodes"], [rate], fitted=fitted,
+                     auto_run["world_size"] // auto_run["nodes"], rates, fitted=fitted,
                      with_break_even=False,
                      compute_scale=(auto_run["auto"].get("compute") or {}).get("scale", 1.0))
-    return plan["plans"][0]
+    return plan["plans"]
 
 
 def rows_for(plan_from, steps_from, results) -> tuple[list[dict], list[dict]]:
@@ -61,6 +61,7 @@ def rows_for(plan_from, steps_from, results) -> tuple[list[dict], list[dict]]:
     run: both plans' choices and their measured times)."""
     from thinwire.output import read_json
     from thinwire.sim.plan import calibrated, with_probed_intra
+    from thinwire.sim.probed_links import intra_from_probe
 
     fitted = calibrated(list(plan_from), None, "max")
     steps_from = list(plan_from) + list(steps_from)  # as auto reads steps
@@ -80,13 +81,11 @@ def rows_for(plan_from, steps_from, results) -> tuple[list[dict], list[dict]]:
             probed_fit, _ = with_probed_intra(plan_from, fitted, dict(intra, bound_by="link"))
             # the steps at the rate the fixed runs raced at (the model's error alone); the
             # choices at the rate auto planned at (its inter-node probe's)
-            by_fit = {r["candidate"]: r
-                      for r in _plan(plan_from, steps_from, auto_run, fitted, rate)["rows"]}
-            by_probe = {r["candidate"]: r for r in _plan(plan_from, steps_from, auto_run,
-                                                         probed_fit, rate)["rows"]}
-            planned_at = auto_run["auto"]["planned_at_bps"]
-            fit = _plan(plan_from, steps_from, auto_run, fitted, planned_at)
-            probed = _plan(plan_from, steps_from, auto_run, probed_fit, planned_at)
+            rates = [rate, auto_run["auto"]["planned_at_bps"]]
+            fit_at_rate, fit = _plans(plan_from, steps_from, auto_run, fitted, rates)
+            probe_at_rate, probed = _plans(plan_from, steps_from, auto_run, probed_fit, rates)
+            by_fit = {r["candidate"]: r for r in fit_at_rate["rows"]}
+            by_probe = {r["candidate"]: r for r in probe_at_rate["rows"]}
             for label, run in sorted(fixed.items()):
                 if label not in by_fit or not run.get("iter_ms"):
                     continue
@@ -107,8 +106,9 @@ def rows_for(plan_from, steps_from, results) -> tuple[list[dict], list[dict]]:
                 return None if t is None or not fastest else t / fastest
             fit_choice = fit["best"]["candidate"] if fit["best"] else None
             probe_choice = probed["best"]["candidate"] if probed["best"] else None
-            # auto's rule: the probe's rate where the probe measured the link, else the fit's
-            rule_choice = fit_choice if intra.get("bound_by") == "host" else probe_choice
+            # auto's rule (probed_links): the probe's rate where it measured the link
+            rule_choice = probe_choice if intra_from_probe(
+                fitted[0], intra)[1]["source"] == "probe" else fit_choice
             choice_rows.append({
                 "results": str(path), "rate": rate, "seed": auto_run.get("seed"),
                 "probed_intra_GBps": float(intra["goodput_Bps"]) / 1e9,
