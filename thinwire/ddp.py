@@ -152,21 +152,25 @@ def _context_of(ddp_model) -> "_HookContext":
     return context
 
 
-def flush_residuals(ddp_model: DistributedDataParallel):
+def flush_residuals(ddp_model: DistributedDataParallel, average: bool = True):
     """:func:`thinwire.sync.flush_residuals` for a model with a thinwire hook: every rank's
     residuals, averaged, per parameter of ``ddp_model.module.parameters()`` (collective;
-    between steps). Returns ``(flushed, mass)``."""
-    from thinwire.sync import flush_indexed
+    between steps), with what a switch handed over and no step has taken yet. Returns
+    ``(flushed, mass)``. ``average`` False: this rank's own, not exchanged (no collective;
+    :func:`thinwire.sync.flush_indexed`)."""
+    from thinwire.sync import average_over_ranks, flush_indexed
 
     context = _context_of(ddp_model)
     # the hook's layouts index module.parameters(), every one (see _HookContext)
-    flushed, mass = flush_indexed(context.params, context.state)
-    if context.pending:  # a switch's flush not yet delivered
+    flushed, mass = flush_indexed(context.params, context.state, average=False)
+    if context.pending:  # a switch's hand-over not yet taken by a step (alike on every rank)
         owed, context.pending = context.pending, {}
-        flushed = flushed or [None] * len(context.params)
+        flushed = flushed or [torch.zeros_like(p) for p in context.params]
         for i, tensor in owed.items():
-            flushed[i] = tensor if flushed[i] is None else flushed[i] + tensor
+            flushed[i] = flushed[i] + tensor
         mass = dict(mass, owed_from_a_switch=len(owed))
+    if average and flushed is not None:
+        flushed = average_over_ranks(flushed, context.state.topology.world)
     return flushed, mass
 
 
@@ -194,26 +198,28 @@ def _release_reducers() -> None:
 class _HookContext:
     """What the hook needs besides the SyncState: the model order of DDP's parameters, and
     for ``algorithm="auto"`` what re-planning keeps (a switch replaces ``state`` between
-    steps; its flushed residuals wait in ``pending`` for the next step's buckets)."""
+    steps; the residuals it hands over, this rank's own, wait in ``pending`` for the next
+    step's buckets, which add them before they are reduced)."""
 
     def __init__(self, state: SyncState, module: torch.nn.Module, auto=None):
         self.state = state
         self.params = list(module.parameters())
         self.param_index = {id(p): i for i, p in enumerate(self.params)}
         self.auto = auto  # thinwire.ddp_auto.AutoContext, or None
-        self.pending: dict[int, torch.Tensor] = {}  # model index -> flushed residual
+        self.pending: dict[int, torch.Tensor] = {}  # model index -> this rank's residual
 
-    def switch_to(self, state: SyncState, flushed: list | None) -> None:
-        """``state`` runs from the next step; ``flushed`` (per model parameter) is owed to it,
-        on top of anything still owed from an earlier switch with no step between."""
+    def switch_to(self, state: SyncState, owed: list | None) -> None:
+        """``state`` runs from the next step; ``owed`` (per model parameter, this rank's
+        residuals) is added to that step's gradient before it is reduced, on top of anything
+        still owed from an earlier switch with no step between."""
         self.state = state
-        for i, tensor in enumerate(flushed or []):
+        for i, tensor in enumerate(owed or []):
             if tensor is not None:
                 owed = self.pending.get(i)
                 self.pending[i] = tensor if owed is None else owed + tensor
 
     def take_pending(self, layout: "_Layout", is_last: bool) -> list | None:
-        """The flushed residuals of this bucket's parameters (DDP's order), once."""
+        """The handed-over residuals of this bucket's parameters (DDP's order), once."""
         if not self.pending:
             return None
         extras = [self.pending.pop(i, None) for i in layout.model_index]
@@ -279,11 +285,11 @@ class _Layout:
 
 
 def _add_extras(result: torch.Tensor, layout: _Layout, extras: list) -> None:
-    """A switch's flushed residuals added to the synchronised bucket (DDP's order)."""
+    """A switch's handed-over residuals added to this rank's bucket (DDP's order)."""
     if sum(layout.sizes) != result.numel():
         raise RuntimeError(f"thinwire: a bucket of {result.numel()} entries does not hold its "
-                           f"{len(layout.sizes)} parameters contiguously; the flush cannot be "
-                           "added")
+                           f"{len(layout.sizes)} parameters contiguously; a switch's residuals "
+                           "cannot be added")
     for i, extra in enumerate(extras):
         if extra is not None:
             if extra.is_cuda:  # read on this (side) stream: not reused before it has passed
@@ -294,6 +300,8 @@ def _add_extras(result: torch.Tensor, layout: _Layout, extras: list) -> None:
 
 def _reduce_bucket(state: SyncState, index: int, buffer: torch.Tensor, layout: _Layout,
                    is_last: bool, extras: list | None = None) -> torch.Tensor:
+    if extras:  # this rank's residuals a switch handed over: reduced with the gradient
+        _add_extras(buffer, layout, extras)
     state.add_weight_decay(buffer, layout.params)  # in DDP's order, before any reordering
     # A sparse algorithm's selection, shards and residuals depend on the order of the entries:
     # canonical (model) order, the same before and after DDP's rebuild and in synchronize().
@@ -303,8 +311,6 @@ def _reduce_bucket(state: SyncState, index: int, buffer: torch.Tensor, layout: _
             state.reduce(index, layout.to_canonical(buffer), layout.signature), out=buffer)
     else:
         result = state.reduce(index, buffer, layout.signature)
-    if extras:
-        _add_extras(result, layout, extras)
     if is_last:
         state.end_step()
     return result

@@ -10,18 +10,19 @@ two small all-reduces (``plan_choice.RECHECK_BYTES``: about half a second at 25 
 where the goodput moved by more than ``share`` since the current choice was made, the plan is
 read at the new rate (:func:`thinwire.plan_choice.decide_switch`). A switch replaces the hook's
 SyncState between steps; DDP keeps its one hook and its buckets. What a sparse algorithm held
-back (its residuals mean its own buckets' coordinates) is flushed densely, every rank's residual
-averaged in one all-reduce, and added once to the next step's synchronised gradient, so the
-mass is delivered, not dropped (the same rule as ``thinwire train``'s re-planning; tested:
-the two steps' gradients add up to the ranks' dense average). The new state continues the old
-one's step count (a warm-up or ``dense_iterations`` is not run again); its traffic totals and
-momentum correction's velocities start anew. Until the next step's backward the flush is owed
-by the hook, not held by a state: :func:`thinwire.ddp.flush_residuals` returns it with the
-state's own, but a checkpoint of the state taken between a switch and the next step lacks it
-(checkpoint before ``replan``, or after the next step). The flush is added to whatever that
-step's buckets carry: a step the caller then skips (a GradScaler's overflow, ``nonfinite=
-"skip"``) drops it, a loss scale changed between the two steps scales it, and with
-``find_unused_parameters=True`` a parameter that step did not use gets none of it. A run resumed
+back (its residuals mean its own buckets' coordinates) is handed over: each rank's own residual
+is added to its next step's buckets before they are reduced, so the new algorithm averages it
+with the gradient and its error feedback keeps what it does not send; the mass is delivered or
+held, never dropped, and the switch exchanges nothing (the same rule as ``thinwire train``'s
+re-planning; tested: the steps' gradients add up to the ranks' dense average). The new state
+continues the old one's step count (a warm-up or ``dense_iterations`` is not run again); its
+traffic totals and momentum correction's velocities start anew. Until the next step's backward
+the residuals are owed by the hook, not held by a state: :func:`thinwire.ddp.flush_residuals`
+returns them with the state's own, but a checkpoint of the state taken between a switch and
+the next step lacks them (checkpoint before ``replan``, or after the next step). They are added
+to whatever that step's buckets carry: a step the caller then skips (a GradScaler's overflow,
+``nonfinite="skip"``) drops them, and with ``find_unused_parameters=True`` a parameter that
+step did not use gets none of them. A run resumed
 from a checkpoint (``register(model, state=saved)``) trains with the saved choice and is not
 re-planned. A re-check whose probe
 measured the host rather than the link keeps the choice and says why; so does one whose plan
@@ -313,7 +314,8 @@ def _pilot(context, auto: AutoContext, pace: float) -> dict:
     target soonest, among this pilot's and those an earlier pilot measured near this rate
     (switching to it where it is not the one running and promises more than
     ``plan_choice.PILOT_MARGIN``). Every rank decides from rank 0's broadcast pace, and the
-    ranks check they decided alike before any of them switches (a flush is collective)."""
+    ranks check they decided alike before any of them switches (a switch changes what every
+    rank's hook reduces)."""
     state = context.state
     current = state.auto["choice"]
     replanning = state.auto.get("replanning") or {}
@@ -402,19 +404,21 @@ def _check(context, auto: AutoContext, share: float, min_gain: float) -> dict:
 
 def _switch(context, auto: AutoContext, probe: dict, algorithm: str, settings: dict,
             record: dict) -> None:
-    """Flush the current state's residuals (collective) and register the new state; the
-    flush is added to the next step's synchronised gradient (the hook's pending)."""
+    """Register the new state and hand this rank's residuals of the current one over to it:
+    the hook adds them to the next step's buckets before they are reduced (its pending), so
+    the new algorithm averages them with the gradient and its own error feedback keeps what
+    it does not send. Nothing is exchanged for the switch."""
     from thinwire.sync import flush_indexed
 
     old = context.state
     new = SyncState(None, algorithm, **settings, **auto.settings)  # checked by fits: no raise
-    flushed, mass = flush_indexed(context.params, old)
-    if flushed is not None and flushed[0].is_cuda:
-        # the worker adds the flush on its side stream, which waits only for backward's
-        # stream: the all-reduce that made it may have run on another (a user's) stream
-        torch.cuda.current_stream(flushed[0].device).synchronize()
+    owed, mass = flush_indexed(context.params, old, average=False)
+    if owed is not None and owed[0].is_cuda:
+        # the worker adds them on its side stream, which waits only for backward's stream:
+        # they were made on the caller's current stream, which may be another
+        torch.cuda.current_stream(owed[0].device).synchronize()
     new.attach(old.topology)
     new.steps = old.steps
-    new.auto = dict(record, probe=probe, flushed=mass)
-    context.switch_to(new, flushed)
+    new.auto = dict(record, probe=probe, handed_over=mass)
+    context.switch_to(new, owed)
     auto.switches += 1

@@ -254,7 +254,7 @@ def choose(plan: dict, goodput_Bps: float, fits=None, among: set | None = None,
 # so two candidates 1.5x apart in prediction can be either way round in fact.
 PILOT_WITHIN = 1.5
 # the pilot switches back to an earlier candidate only where it promises this much more than
-# the one running (a switch costs a dense flush; a pace is the median of a few steps)
+# the one running (a pace is the median of a few steps: noise must not make it switch back)
 PILOT_MARGIN = 0.05
 
 
@@ -283,8 +283,8 @@ def measured_scores(plan: dict, goodput_Bps: float, measured: dict) -> dict[str,
             if times.get(name) is not None and steps.get(name)}
 
 
-# A switch costs a flush (one dense step's bytes) and the new method's first steps: it must
-# promise at least this much (the new choice's predicted time to target against the current
+# A switch costs a re-check and the new method's first steps (on a new DDP wrapper in thinwire
+# train): it must promise at least this much (the new choice's predicted time to target against the current
 # one's, both at the new rate). Without it, on MNIST at 1 Gbit/s a run switched back from hitopk
 # to ddp-fp16 for a predicted 3%.
 SWITCH_MIN_GAIN = 0.1

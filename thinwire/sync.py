@@ -93,8 +93,12 @@ def flush_residuals(parameters: Iterable[torch.Tensor], state):
     return flush_indexed([p for p in parameters if p.requires_grad], state)
 
 
-def flush_indexed(params: list[torch.Tensor], state):
-    """:func:`flush_residuals` with ``params`` indexed as the residuals' layouts index them."""
+def flush_indexed(params: list[torch.Tensor], state, average: bool = True):
+    """:func:`flush_residuals` with ``params`` indexed as the residuals' layouts index them.
+    ``average`` False: this rank's own residuals per parameter, not exchanged (no collective),
+    in the units of this rank's gradient: added to the rank's next gradient before any
+    synchronisation averages it, they deliver the same mass as the averaged flush added after
+    (:func:`thinwire.train.replan.switch`'s hand-over, which costs no dense exchange)."""
     from thinwire import collectives
 
     topo = state.topology
@@ -118,7 +122,7 @@ def flush_indexed(params: list[torch.Tensor], state):
             offset += size
     mass = dict(state.feedback.mass(), buckets=len(state.feedback.residuals))
     state.feedback.reset()
-    return average_over_ranks(summed, topo.world), mass
+    return (average_over_ranks(summed, topo.world) if average else summed), mass
 
 
 def average_over_ranks(tensors: list[torch.Tensor], group=None) -> list[torch.Tensor]:

@@ -103,3 +103,52 @@ def _ddp_conservation(rank, world, register, steps):
                 for a, f, r in zip(applied, flushed, reference))
     dist.barrier()
     return {"relative_error": error, "flushed": mass}
+
+
+def switch_conservation(rank, world, ranks_per_node, pairs, before=3, after=3):
+    """For each (first, second) in ``pairs``: ``before`` steps with the first synchronisation
+    as compare builds it, re-planning's switch to the second (the residuals handed over, not
+    flushed), ``after`` steps with it, then its own residuals flushed: what the steps applied
+    plus that flush against every rank's gradients averaged densely over all the steps."""
+    from thinwire.train import grad_sync, replan
+    from thinwire.train.config import TrainConfig
+
+    out = {}
+    for first, second in pairs:
+        original = TrainConfig(algorithm="auto", plan_from="unused.json",
+                               ranks_per_node=ranks_per_node, seed=0)
+        torch.manual_seed(0)
+        module = nn.Sequential(nn.Linear(64, 300), nn.Linear(300, 10))
+        opt = torch.optim.SGD(module.parameters(), lr=0.0)  # the gradients alone are compared
+        sync = grad_sync.register_sync(replan.resolved(original, first),
+                                       DDP(module, bucket_cap_mb=0.05), ranks_per_node)
+        applied = [torch.zeros_like(p, dtype=torch.float64) for p in module.parameters()]
+        reference = [torch.zeros_like(p, dtype=torch.float64) for p in module.parameters()]
+        record = {}
+        for step in range(before + after):
+            if step == before:
+                _, sync, record["handed_over"] = replan.switch(original, second, sync, module,
+                                                               opt, None)
+            g = torch.Generator().manual_seed(step)
+            inputs = [torch.randn(8, 64, generator=g) for _ in range(world)]
+            opt.zero_grad()
+            sync.model(inputs[rank]).square().sum().backward()
+            opt.step()
+            for a, p in zip(applied, module.parameters()):
+                a.add_(p.grad.double())
+            for other in range(world):
+                copy = nn.Sequential(nn.Linear(64, 300), nn.Linear(300, 10))
+                copy.load_state_dict(module.state_dict())
+                copy(inputs[other]).square().sum().backward()
+                for r, p in zip(reference, copy.parameters()):
+                    r.add_(p.grad.double() / world)
+            if step == before and second["algorithm"] == "powersgd":
+                record["compressed_at_once"] = bool(sync.state.error_dict)
+        flushed, record["held_after"] = sync.flush()
+        flushed = flushed or [None] * len(applied)
+        record["relative_error"] = max(
+            float((a + (0 if f is None else f.double()) - r).abs().max() / r.abs().max())
+            for a, f, r in zip(applied, flushed, reference))
+        out[f"{first['algorithm']}->{second['algorithm']}"] = record
+        dist.barrier()
+    return out

@@ -66,10 +66,10 @@ def test_replan_switches_hitopk_to_the_all_reduce_and_delivers_the_residuals():
         assert switched["switched_to"] == "ddp" and switched["step"] == 2
         assert r["steps"] == 4  # the new state goes on counting
         assert r["flushed_after"] is None
-        assert r["auto"]["flushed"]["buckets"] >= 1 and r["auto"]["choice"] == "ddp"
+        assert r["auto"]["handed_over"]["buckets"] >= 1 and r["auto"]["choice"] == "ddp"
         assert [c["step"] for c in r["auto"]["replanning"]["checks"]] == [1, 2]
     # conservation: what the first three steps delivered is the ranks' dense average of their
-    # own gradients (hitopk held some back at steps 1-2; the switch flushed it into step 3)
+    # own gradients (hitopk held some back at steps 1-2; the switch handed it to step 3)
     delivered = results[0]["synced"][:3].sum(0)
     expected = (results[0]["own"][:3].sum(0) + results[1]["own"][:3].sum(0)) / 2
     torch.testing.assert_close(delivered, expected, rtol=1e-5, atol=1e-5)

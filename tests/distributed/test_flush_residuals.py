@@ -22,3 +22,22 @@ def test_applied_plus_flushed_is_the_dense_average():
         assert rank["ddp"]["relative_error"] < 1e-5, rank["ddp"]
         powersgd = rank["powersgd"]  # its error memory, flushed the same way
         assert powersgd["flushed"]["l1"] > 0 and powersgd["relative_error"] < 1e-5, powersgd
+
+
+HITOPK = {"algorithm": "hitopk", "density": 0.05, "selector": "exact"}
+POWERSGD = {"algorithm": "powersgd", "powersgd_rank": 1}
+
+
+def test_a_switch_hands_the_residuals_over_and_nothing_is_lost():
+    """Re-planning's switch (thinwire.train.replan.switch) adds each rank's residual to its
+    next gradient instead of flushing it densely: applied + what the new algorithm holds at
+    the end = the dense average over every step, either way between hitopk and PowerSGD, and
+    into a dense all-reduce; PowerSGD compresses from its first step after the switch."""
+    pairs = [(HITOPK, POWERSGD), (POWERSGD, HITOPK), (HITOPK, {"algorithm": "allreduce"})]
+    results = run_ranks(flush_workers.switch_conservation, 4, 2, pairs)
+    for rank in results:
+        for name, r in rank.items():
+            assert r["handed_over"]["l1"] > 0, (name, r)  # the first held mass back
+            assert r["relative_error"] < 1e-5, (name, r)
+        assert rank["hitopk->powersgd"]["compressed_at_once"]
+        assert rank["hitopk->allreduce"]["held_after"]["l1"] == 0  # dense: nothing held after

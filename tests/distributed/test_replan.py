@@ -1,6 +1,6 @@
 """--algorithm auto re-plans while it trains (2 gloo ranks, 2 nodes x 1, loopback; the link's
 goodput scripted): a check that sees the link move past --replan-share plans again and
-switches, flushing the residuals; one that sees no move keeps the choice; the old DDP wrapper
+switches, handing the residuals over; one that sees no move keeps the choice; the old DDP wrapper
 stops reducing."""
 
 import sys
@@ -28,12 +28,11 @@ def test_a_link_that_speeds_up_switches_hitopk_to_allreduce_and_flushes(tmp_path
     assert "kept" in checks[0] and abs(checks[0]["change"]) < 1e-9
     assert checks[1]["switched_from"].startswith("hitopk")
     assert checks[1]["switched_to"].startswith("allreduce") and checks[1]["change"] > 10
-    weighed = checks[1]["weighed"]  # in seconds: hitopk's residual is flushed at 1 Gbit/s
-    assert weighed["switch_cost_s"] > 0 and weighed["gain_s"] > 0
-    assert weighed["current_left_s"] > weighed["best_left_s"] + weighed["switch_cost_s"]
+    weighed = checks[1]["weighed"]  # the seconds saved in the steps left, recorded
+    assert weighed["gain_s"] > 0 and weighed["current_left_s"] > weighed["best_left_s"]
     assert "kept" in checks[2]
     [switch] = replanning["switches"]
-    assert switch["step"] == 4 and switch["flushed"]["l1"] > 0  # hitopk held mass back
+    assert switch["step"] == 4 and switch["handed_over"]["l1"] > 0  # hitopk held mass back
     assert summary["algorithm"] == "allreduce" and replanning["final_choice"] == switch["to"]
     for r in results:  # the replaced hook saw no step after the switch
         assert r["old_steps_at_switch"] == 4 and r["old_steps_at_end"] == 4
@@ -56,18 +55,18 @@ def test_a_steady_link_or_a_small_promise_keeps_the_first_choice(tmp_path):
                                     "planned_at_bps" not in c for c in steady)
 
 
-def test_a_checkpoint_due_at_a_switch_waits_for_its_flush_and_auto_resumes_its_choice(
+def test_a_checkpoint_due_at_a_switch_waits_for_its_hand_over_and_auto_resumes_its_choice(
         tmp_path):
     path = _results(tmp_path, ranks_per_node=1)
     results = run_ranks(replan_workers.switch_checkpoint_and_resume, 2, str(path),
                         [5e7, 5e7, 1e9, 1e9], str(tmp_path / "ckpt"))
     replanning = results[0]["first"]["auto"]["replanning"]
     [switch] = replanning["switches"]
-    assert switch["step"] == 4 and switch["flushed"]["l1"] > 0
+    assert switch["step"] == 4 and switch["handed_over"]["l1"] > 0
     assert replanning["final_settings"]["algorithm"] == "allreduce"
     assert results[0]["first"]["auto"]["settings"]["algorithm"] == "hitopk"
     for r in results:
-        # step 4's checkpoint would have lost the flush (held for step 5's optimizer step)
+        # step 4's checkpoint would have lost the residuals (handed to step 5's backward)
         assert r["saved"][:2] == [2, 5], r["saved"]
     resumed = results[0]["resumed"]  # from step 5 under allreduce, passing over step 2's file
     assert resumed["steps"] == 8 and resumed["algorithm"] == "allreduce"

@@ -1,5 +1,5 @@
-"""auto's re-planning pieces that need no cluster: the flush applied once inside the next
-optimizer step, when a check is due, and its settings checked by name."""
+"""auto's re-planning pieces that need no cluster: the residuals handed over once to the next
+gradient, when a check is due, and its settings checked by name."""
 
 import pytest
 import torch
@@ -8,23 +8,27 @@ from thinwire.train import replan
 from thinwire.train.config import TrainConfig
 
 
-def test_the_flush_is_added_inside_the_next_step_only():
+def test_the_hand_over_is_added_to_the_next_gradient_once_before_it_is_accumulated():
     p = torch.nn.Parameter(torch.zeros(3))
     opt = torch.optim.SGD([p], lr=1.0)
-    replan.add_once_before_step(opt, [p], [torch.tensor([1.0, 2.0, 3.0])])
+    replan.add_to_next_gradients(opt, [p], [torch.tensor([1.0, 2.0, 3.0])])
+    seen = []  # what a DDP reducer's hook after accumulation would read
+    p.register_post_accumulate_grad_hook(lambda param: seen.append(param.grad.tolist()))
     for expected in ([-1.5, -2.5, -3.5], [-2.0, -3.0, -4.0]):  # then only the gradient
-        p.grad = torch.full((3,), 0.5)
+        opt.zero_grad()
+        (0.5 * p.sum()).backward()
         opt.step()
         assert p.detach().tolist() == expected
+    assert seen == [[1.5, 2.5, 3.5], [0.5, 0.5, 0.5]]
 
 
-def test_a_flush_kept_at_a_loss_scale_is_added_unscaled():
+def test_a_second_backward_before_the_step_gets_the_hand_over_once():
     p = torch.nn.Parameter(torch.zeros(2))
     opt = torch.optim.SGD([p], lr=1.0)
-    replan.add_once_before_step(opt, [p], [torch.tensor([65536.0, -131072.0])], scale=65536.0)
-    p.grad = torch.zeros(2)
-    opt.step()
-    assert p.detach().tolist() == [-1.0, 2.0]
+    replan.add_to_next_gradients(opt, [p], [torch.tensor([4.0, -4.0])])
+    p.sum().backward()
+    p.sum().backward()  # gradient accumulation: two micro-batches, one step
+    assert p.grad.tolist() == [6.0, -2.0]
 
 
 def test_a_new_choice_starts_from_the_runs_own_settings_not_the_last_choices():
@@ -36,11 +40,11 @@ def test_a_new_choice_starts_from_the_runs_own_settings_not_the_last_choices():
     assert (second.algorithm, second.sparse_wire, second.selector) == ("oktopk", "fp32", "auto")
 
 
-def test_a_parameter_without_a_flush_or_a_gradient_is_left_alone():
+def test_a_parameter_without_a_hand_over_or_a_gradient_is_left_alone():
     a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
     opt = torch.optim.SGD([a, b], lr=1.0)
-    replan.add_once_before_step(opt, [a, b], [None, torch.ones(2)])
-    a.grad = torch.ones(2)
+    replan.add_to_next_gradients(opt, [a, b], [None, torch.ones(2)])
+    a.sum().backward()  # b takes no part in this step: its hook does not fire
     opt.step()
     assert a.detach().tolist() == [-1.0, -1.0] and b.detach().tolist() == [0.0, 0.0]
 
@@ -104,42 +108,34 @@ def test_a_recheck_the_host_bound_keeps_the_choice_and_says_why(world_of_one, mo
     assert planner.basis == 1e7  # the plan's basis stays the trusted probe's
 
 
-def _figures(current_steps=80, current_step_s=0.4, best_steps=46, best_step_s=0.2,
-             warmup_extra_s=0.0, flush_s=6.0):
-    return {"current": {"steps": current_steps, "step_s": current_step_s,
-                        "warmup_extra_s": 0.0},
-            "best": {"steps": best_steps, "step_s": best_step_s,
-                     "warmup_extra_s": warmup_extra_s}, "flush_s": flush_s}
+def _figures(current_steps=80, current_step_s=0.4, best_steps=46, best_step_s=0.2):
+    return {"current": {"steps": current_steps, "step_s": current_step_s},
+            "best": {"steps": best_steps, "step_s": best_step_s}}
 
 
-def test_a_switch_is_weighed_in_the_seconds_left_with_its_flush_and_warm_up():
+def test_a_switch_is_weighed_in_the_seconds_left():
     from thinwire.train.replan import weigh_switch
 
     # at step 40 of 80, half is left: 16 s on the current choice, 4.6 s on the best
-    early = weigh_switch(_figures(), 40, residual=True)
+    early = weigh_switch(_figures(), 40)
     assert early["left_share"] == pytest.approx(0.5)
     assert early["current_left_s"] == pytest.approx(16.0)
     assert early["best_left_s"] == pytest.approx(4.6)
-    assert early["gain_s"] == pytest.approx(16.0 - 4.6 - 6.0)
-    # near the end the flush costs more than the steps left save
-    late = weigh_switch(_figures(), 76, residual=True)
+    assert early["gain_s"] == pytest.approx(16.0 - 4.6)
+    late = weigh_switch(_figures(), 76)
     assert late["left_share"] == pytest.approx(0.1)  # at least a tenth is taken to be left
-    assert late["gain_s"] < 0
-    # no residual: no flush to pay; the best's warm-up is paid again in full
-    assert weigh_switch(_figures(), 76, residual=False)["gain_s"] == pytest.approx(
-        3.2 - 0.92)
-    assert weigh_switch(_figures(warmup_extra_s=5.0), 76, residual=False)["gain_s"] < 0
-    assert weigh_switch({"best": _figures()["best"], "current": None}, 4, True) is None
+    assert late["gain_s"] == pytest.approx(3.2 - 0.92)
+    assert weigh_switch({"best": _figures()["best"], "current": None}, 4) is None
 
 
-def test_which_synchronisations_hold_back_a_residual():
-    from thinwire.train.replan import keeps_residual
+def test_mid_run_a_candidate_is_ranked_without_its_warm_up():
+    from thinwire.train.auto import mid_run_s
 
-    assert keeps_residual({"algorithm": "powersgd"})
-    assert keeps_residual({"algorithm": "hitopk", "density": 0.05})
-    assert not keeps_residual({"algorithm": "hitopk", "error_feedback": False})
-    assert not keeps_residual({"algorithm": "ddp-fp16"})
-    assert not keeps_residual({"algorithm": "allreduce"})
+    # PowerSGD at 25 Mbit/s: 2 dense steps of 7 s before 40 compressed ones of 0.2 s
+    powersgd = {"steps": 42, "step_s": 0.2, "time_to_target_s": 2 * 7.0 + 40 * 0.2}
+    hitopk = {"steps": 40, "step_s": 0.35, "time_to_target_s": 40 * 0.35}
+    assert powersgd["time_to_target_s"] > hitopk["time_to_target_s"]  # from the start
+    assert mid_run_s(powersgd) < mid_run_s(hitopk)  # under way: no warm-up to run again
 
 
 def test_a_recheck_plans_with_the_first_probes_intra_node_figure(world_of_one, monkeypatch):

@@ -135,6 +135,8 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
             and (not per_step_only or modes.mode_of(r["algorithm"]).per_step)]
     if not rows:
         raise ValueError("--plan-from holds no candidate that reached the target")
+    if current is not None:  # mid-run: a switch does not run a warm-up again
+        rows = sorted(rows, key=mid_run_s)
     best = rows[0]
     info = {"probe": probe, "planned_at_bps": bps, "choice": best["candidate"],
             "settings": {"algorithm": best["algorithm"], **best["settings"]},
@@ -151,25 +153,25 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
                          f" (a probe not trusted, {probe.get('bound_by')}-bound: "
                          f"{probe.get('why')})")}
     if current is not None:
-        info["current_time_to_target_s"] = next(
-            (r["time_to_target_s"] for r in rows if r["candidate"] == current), None)
-        info["switch"] = switch_figures(plan, rows, current, best)
+        now = next((r for r in rows if r["candidate"] == current), None)
+        info["predicted_time_to_target_s"] = mid_run_s(best)
+        info["current_time_to_target_s"] = None if now is None else mid_run_s(now)
+        info["switch"] = {"current": None if now is None else switch_figures(now),
+                          "best": switch_figures(best)}
     return {"algorithm": best["algorithm"], **best["settings"]}, info
 
 
-def switch_figures(plan: dict, rows: list, current: str, best: dict) -> dict:
-    """What a switch from ``current`` to ``best`` weighs at the plan's rate
-    (:func:`thinwire.train.replan.weigh_switch`): each one's steps to target and step time,
-    the seconds ``best``'s dense warm-up steps cost beyond compressed ones (a new DDP wrapper
-    runs them again), and one dense fp32 all-reduce of the model (the flush of a residual:
-    thinwire's flat all-reduce's step less the compute)."""
-    def figures(row):
-        return {"steps": row["steps"], "step_s": row["step_s"],
-                "warmup_extra_s": max(0.0, row["time_to_target_s"] - row["steps"] * row["step_s"])}
-    now = next((r for r in rows if r["candidate"] == current), None)
-    dense = next((r for r in plan["plans"][0]["rows"] if r["candidate"] == "allreduce"), None)
-    return {"current": figures(now) if now else None, "best": figures(best),
-            "flush_s": max(0.0, dense["step_s"] - plan["compute_s"]) if dense else None}
+def mid_run_s(row: dict) -> float:
+    """A candidate's predicted time to target without its warm-up steps: what ranks it for a
+    run already under way (a switch continues the run's step count: PowerSGD's dense first
+    steps, which at 25 Mbit/s cost 7 s each for compare's MNIST model, are not run again)."""
+    return row["steps"] * row["step_s"]
+
+
+def switch_figures(row: dict) -> dict:
+    """What a switch weighs of a candidate at the plan's rate
+    (:func:`thinwire.train.replan.weigh_switch`): its steps to target and step time."""
+    return {"steps": row["steps"], "step_s": row["step_s"]}
 
 
 def gather_json(payload, group) -> list:

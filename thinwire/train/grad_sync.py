@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch.nn.parallel import DistributedDataParallel
 
 import thinwire.ddp
@@ -80,6 +81,9 @@ class Sync:
     state: Any = None  # thinwire SyncState, PowerSGDState, or None (ddp, ddp-fp16)
     layouts: dict | None = None  # PowerSGD: bucket index -> its parameters (model order)
     model: Any = None  # the DDP model the hook is registered on
+    # PowerSGD: parameter index -> its piece of the error memory, between a rebuild of DDP's
+    # buckets and the step's bucket that holds the parameter now (empty between steps)
+    loose: dict | None = None
 
     def attach(self, optimizer) -> None:
         """Nothing: the hook runs inside backward, not after the optimizer's step."""
@@ -111,14 +115,17 @@ class Sync:
             self.layouts.clear()
             self.layouts.update(saved["layouts"])
 
-    def flush(self):
+    def flush(self, average: bool = True):
         """Every rank's residuals, averaged, per parameter of the model (``None`` where the
         hook keeps none), and this rank's flushed mass; the residuals are emptied (collective).
-        For a switch to another synchronisation (thinwire.train.replan)."""
+        ``average`` False: this rank's own residuals, in its gradient's units, not exchanged
+        (no collective): what a switch hands over to the next algorithm's first step
+        (thinwire.train.replan)."""
         if is_thinwire(self.algorithm):
-            return thinwire.ddp.flush_residuals(self.model)
+            return thinwire.ddp.flush_residuals(self.model, average)
         if self.algorithm == "powersgd":
-            return _flush_powersgd(self.state, self.layouts, list(self.model.module.parameters()))
+            return _flush_powersgd(self.state, self.layouts,
+                                   list(self.model.module.parameters()), average, self.loose)
         return None, {}
 
     def totals(self) -> dict | None:
@@ -128,17 +135,23 @@ class Sync:
         return None
 
 
-def _flush_powersgd(state, layouts: dict, params: list):
+def _flush_powersgd(state, layouts: dict, params: list, average: bool = True,
+                    loose: dict | None = None):
     """PowerSGD's error feedback (``error_dict``: per bucket, this rank's error over DDP's
-    bucket buffer, its parameters in ``layouts[index]`` order), averaged over the ranks."""
-    import torch
-
+    bucket buffer, its parameters in ``layouts[index]`` order, and ``loose``: pieces of it by
+    parameter that a rebuild of the buckets left unclaimed), averaged over the ranks
+    (``average`` False: this rank's own)."""
     from thinwire.sync import average_over_ranks
 
-    if not state.error_dict:  # still in its dense first iterations (alike on every rank)
+    if not state.error_dict and not loose:  # still dense (alike on every rank)
         return None, {}
     summed = [torch.zeros_like(p) for p in params]
     l1 = 0.0
+    for i, piece in (loose or {}).items():  # a rebuild's pieces no bucket has claimed yet
+        summed[i].add_(piece.view_as(summed[i]))
+        l1 += float(piece.double().abs().sum())
+    if loose:
+        loose.clear()
     for index, error in sorted(state.error_dict.items()):
         offset = 0
         for i in layouts[index]:
@@ -148,7 +161,8 @@ def _flush_powersgd(state, layouts: dict, params: list):
         l1 += float(error.double().abs().sum())
     buckets = len(state.error_dict)
     state.error_dict.clear()
-    return average_over_ranks(summed, state.process_group), {"l1": l1, "buckets": buckets}
+    summed = average_over_ranks(summed, state.process_group) if average else summed
+    return summed, {"l1": l1, "buckets": buckets}
 
 
 # What of a PowerSGDState changes while training (the rest is configuration).
@@ -163,8 +177,11 @@ def register(model: DistributedDataParallel, algorithm: str, density: float = 0.
              wire: str | None = None, density_warmup_steps: int = 0,
              density_warmup_from: float = 0.25,
              powersgd_start_iter: int = POWERSGD_START_ITER, sparse_wire: str = "fp32",
-             algorithm_options: dict | None = None) -> Sync:
-    """Register ``algorithm`` on ``model`` (collective: every rank calls it)."""
+             algorithm_options: dict | None = None, switched: bool = False) -> Sync:
+    """Register ``algorithm`` on ``model`` (collective: every rank calls it). ``switched``:
+    a run switching to it mid-way (thinwire.train.replan): PowerSGD compresses from the first
+    step, its dense warm-up not run again (the rebuild of the new wrapper's buckets after that
+    step carries its error memory over by parameter: :func:`_powersgd_resumable`)."""
     check_algorithm(algorithm)
     if is_thinwire(algorithm):  # settings were checked where they entered (TrainConfig)
         state = thinwire.ddp.register(model, algorithm=algorithm, density=density,
@@ -189,37 +206,43 @@ def register(model: DistributedDataParallel, algorithm: str, density: float = 0.
         process_group=None, matrix_approximation_rank=check_powersgd_rank(powersgd_rank),
         start_powerSGD_iter=powersgd_start_iter, use_error_feedback=True, warm_start=True,
         random_seed=seed)
+    if switched:
+        state.iter = state.start_powerSGD_iter
     if next(model.module.parameters()).device.type == "cpu":
         check_gloo_threads_for_powersgd(model.process_group)
     layouts: dict = {}
-    param_index = {id(p): i for i, p in enumerate(model.module.parameters())}
+    loose: dict = {}
+    params = list(model.module.parameters())
+    param_index = {id(p): i for i, p in enumerate(params)}
+    sizes = [p.numel() for p in params]
 
     def powersgd(state, bucket):  # no annotation: DDP checks it as an object
-        return _powersgd_resumable(layouts, param_index, state, bucket)
+        return _powersgd_resumable(layouts, param_index, sizes, loose, state, bucket)
 
     model.register_comm_hook(state, powersgd)
-    return Sync(algorithm, state, layouts, model=model)
+    return Sync(algorithm, state, layouts, model=model, loose=loose)
 
 
-def _powersgd_resumable(layouts: dict, param_index: dict, state, bucket):
-    """powerSGD_hook, one bucket at a time on gloo, after dropping memory saved for a bucket
-    that now holds other parameters or holds them in another order.
+def _powersgd_resumable(layouts: dict, param_index: dict, sizes: list, loose: dict, state,
+                        bucket):
+    """powerSGD_hook, one bucket at a time on gloo, with its error memory carried by
+    parameter where DDP's buckets changed.
 
-    DDP rebuilds its buckets after the first step; a resumed run starts with unrebuilt buckets,
-    so a restored error or P/Q memory may belong to other coordinates than those its bucket
-    index holds now. PyTorch keys the memory by bucket index only (and fails on a size
-    mismatch); such a bucket starts its memory afresh instead, so PowerSGD resumes
-    approximately where the layout changed (thinwire's own hooks keep a canonical order and
-    resume exactly). Compression starts after the rebuild, so uninterrupted runs never drop.
+    DDP rebuilds its buckets after a wrapper's first step; a resumed run, or a run that
+    switched to PowerSGD mid-way (``register(switched=True)``), compresses before that, so its
+    error memory may belong to other coordinates than those its bucket index holds now.
+    PyTorch keys the memory by bucket index only (and fails on a size mismatch). At the first
+    bucket whose parameters changed, every bucket's error is cut into pieces by parameter
+    (``loose``), and each bucket of the step takes its parameters' pieces back in its own
+    order: the error's mass is kept (sent + kept = corrected through a rebuild). The P/Q
+    memories (warm start only: a starting point, not mass) begin afresh there. A parameter
+    outside ``module.parameters()`` (index -1) cannot be carried: its bucket's memory is
+    dropped as before.
     """
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
-    index = bucket.index()
     layout = tuple(param_index.get(id(p), -1) for p in bucket.parameters())
-    if layouts.get(index, layout) != layout:
-        for memory in (state.error_dict, state.p_memory_dict, state.q_memory_dict):
-            memory.pop(index, None)
-    layouts[index] = layout
+    carry_error(layouts, sizes, loose, state, bucket.index(), layout, bucket.buffer())
     future = powerSGD_hook.powerSGD_hook(state, bucket)
     if not bucket.buffer().is_cuda:
         # On gloo, finish each bucket before DDP hands over the next one. Two reasons:
@@ -242,10 +265,44 @@ def _powersgd_resumable(layouts: dict, param_index: dict, state, bucket):
     return future
 
 
+def carry_error(layouts: dict, sizes: list, loose: dict, state, index: int, layout: tuple,
+                buffer: torch.Tensor) -> None:
+    """Before PowerSGD reduces bucket ``index`` (its parameters ``layout``, model indices;
+    ``buffer`` its gradient): where the bucket holds other parameters than the memory was
+    kept for, every bucket's error is cut by parameter first; then the bucket takes its
+    parameters' pieces (zeros for those without one) as its error memory."""
+    if layouts.get(index, layout) != layout:
+        _cut_by_parameter(state, layouts, sizes, loose)
+    if -1 in layout:
+        for memory in (state.error_dict, state.p_memory_dict, state.q_memory_dict):
+            memory.pop(index, None)
+    elif index not in state.error_dict and any(i in loose for i in layout):
+        state.error_dict[index] = torch.cat([
+            loose.pop(i) if i in loose else
+            torch.zeros(sizes[i], dtype=buffer.dtype, device=buffer.device) for i in layout])
+    layouts[index] = layout
+
+
+def _cut_by_parameter(state, layouts: dict, sizes: list, loose: dict) -> None:
+    """Every bucket's error memory into ``loose`` (parameter index -> its piece), the
+    memories and layouts emptied: the buckets changed."""
+    for index, error in state.error_dict.items():
+        layout = layouts.get(index, ())
+        if -1 in layout or sum(sizes[i] for i in layout) != error.numel():
+            continue  # not carried: a parameter without an index (see _powersgd_resumable)
+        offset = 0
+        for i in layout:
+            piece = error[offset:offset + sizes[i]].clone()
+            loose[i] = piece if i not in loose else loose[i] + piece
+            offset += sizes[i]
+    for memory in (state.error_dict, state.p_memory_dict, state.q_memory_dict):
+        memory.clear()
+    layouts.clear()
+
+
 def check_gloo_threads_for_powersgd(group=None) -> None:
     """Refuse a gloo group with fewer than 2 run-loop threads for the PowerSGD peer: one
     bucket's callbacks block one thread while its inner all-reduce needs another."""
-    import torch
     import torch.distributed as dist
 
     group = group if group is not None else dist.group.WORLD
@@ -259,19 +316,21 @@ def check_gloo_threads_for_powersgd(group=None) -> None:
                          f"(PyTorch's hook blocks one in a callback), got {threads}")
 
 
-def register_sync(cfg, model: DistributedDataParallel, ranks_per_node: int | None) -> Sync:
+def register_sync(cfg, model: DistributedDataParallel, ranks_per_node: int | None,
+                  switched: bool = False) -> Sync:
     """A run's (a TrainConfig's) per-step synchronisation on a DDP model, with every setting
-    of the run."""
+    of the run. ``switched``: mid-run (a re-planning switch): the warm-ups of the start of
+    training (dense steps, PowerSGD's too, and a density ramp) are not run again."""
     return register(model, cfg.algorithm, cfg.density, cfg.selector,
                     cfg.powersgd_rank, cfg.seed, ranks_per_node,
                     cfg.momentum if cfg.momentum_correction else 0.0,
-                    cfg.dense_warmup_steps,
+                    0 if switched else cfg.dense_warmup_steps,
                     cfg.weight_decay if cfg.momentum_correction else 0.0,
                     wire=cfg.wire, sparse_wire=cfg.sparse_wire,
-                    density_warmup_steps=cfg.density_warmup_steps,
+                    density_warmup_steps=0 if switched else cfg.density_warmup_steps,
                     density_warmup_from=cfg.density_warmup_from,
                     powersgd_start_iter=cfg.powersgd_start_iter,
-                    algorithm_options=sync_options(cfg))
+                    algorithm_options=sync_options(cfg), switched=switched)
 
 
 def sync_options(cfg) -> dict | None:

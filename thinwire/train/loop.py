@@ -321,12 +321,12 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
             if chosen_now:
                 totals_end, switch_began = sync.totals(), time.perf_counter()
                 model = None  # the old wrapper is freed inside switch, before the new one
-                cfg, sync, flushed = replan.switch(
-                    replanner.cfg, chosen_now, sync, module, opt, device_ids,
-                    scaler.get_scale() if scaler is not None else 1.0)
+                cfg, sync, handed_over = replan.switch(
+                    replanner.cfg, chosen_now, sync, module, opt, device_ids)
                 model = sync.model
                 metrics.switched_sync(totals_end, sync.totals())
-                switches.append({"step": step, "to": replanner.current, "flushed": flushed,
+                switches.append({"step": step, "to": replanner.current,
+                                 "handed_over": handed_over,
                                  "switch_s": time.perf_counter() - switch_began})
         metrics.add_overhead(time.perf_counter() - began)
 
@@ -352,12 +352,12 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
             stopped = bool(cfg.stop_after) and step - start_step >= cfg.stop_after
             if cfg.eval_every and step % cfg.eval_every == 0:
                 run_eval()
-                if step < total_steps and not stopped:  # a switch's flush needs a next step
+                if step < total_steps and not stopped:  # a switch's hand-over needs a next step
                     maybe_replan()
             if cfg.checkpoint and cfg.checkpoint_every and \
                     (step % cfg.checkpoint_every == 0 or deferred_save):
-                # a switch at this step left its flush for the next optimizer step: a
-                # checkpoint now would hold neither the residuals nor the flush
+                # a switch at this step left its residuals to the next backward: a
+                # checkpoint now would hold neither the old residuals nor the new
                 deferred_save = bool(switches) and switches[-1]["step"] == step
                 if not deferred_save:
                     save_checkpoint()

@@ -11,18 +11,20 @@ the host bound (:mod:`thinwire.link_probe`'s verdict: saturated CPUs, a CPU quot
 of the emulator's configured rate) is no evidence of the link: the run keeps its choice and the
 check records why.
 
-The switch (:func:`switch`): the residuals a sparse algorithm (or PowerSGD) holds back mean the
-coordinates of its own buckets and settings, so they are flushed densely
-(:func:`thinwire.sync.flush_residuals`: every rank's residual, averaged, one dense all-reduce)
-and added once to the next step's synchronised gradients, before the optimizer's step: the
-mass is delivered, not dropped (tested: applied + flushed = the dense average). A switch is
-weighed in seconds before it is made (:func:`weigh_switch`): the steps left at each choice's
-step time at the new rate, against the flush and the new choice's dense warm-up steps, which a
-slow link can make dearer than what the switch saves. The new
-synchronisation is a new DDP wrapper around the same module (DDP takes one communication hook
-for its life); the optimizer, its momentum and the schedule go on. Momentum correction's
-velocities are dropped with the residuals. DiLoCo candidates are left out mid-run (another
-loop), and a run whose first choice is DiLoCo is not re-planned.
+The switch (:func:`switch`): the residuals a sparse algorithm (or PowerSGD) holds back mean
+the coordinates of its own buckets and settings, so each rank hands its own over: added to its
+next gradient before the new synchronisation averages it (its error feedback keeps what it
+does not send). The mass is delivered or held, never dropped (tested: applied + held = the
+dense average, through a switch either way), and the switch sends nothing of its own (a dense
+flush would cost an all-reduce of the model, about a dense step: seconds at 25 Mbit/s, just
+where a switch to a compressed algorithm pays). The new choice starts compressing at once:
+PowerSGD's dense warm-up steps are not run again. A switch is ranked by the plan without
+warm-ups (:func:`thinwire.train.auto.mid_run_s`) and made where it promises
+``SWITCH_MIN_GAIN``; the seconds it saves in the steps left are recorded
+(:func:`weigh_switch`). The new synchronisation is a new DDP wrapper around the same module
+(DDP takes one communication hook for its life); the optimizer, its momentum and the schedule
+go on. Momentum correction's velocities are dropped. DiLoCo candidates are left out mid-run
+(another loop), and a run whose first choice is DiLoCo is not re-planned.
 """
 
 from __future__ import annotations
@@ -160,15 +162,11 @@ class Replanner:
             if gain < SWITCH_MIN_GAIN:
                 self.events.append(dict(event, kept=self.current, best=message["choice"]))
                 return None
-        weighed = weigh_switch(message.get("switch") or {}, step,
-                               keeps_residual(self.current_settings or {}))
+        # the seconds it saves, for the record: with nothing sent and no warm-up run by the
+        # switch, the relative gain above decides alone
+        weighed = weigh_switch(message.get("switch") or {}, step)
         if weighed is not None:
             event["weighed"] = weighed
-            if weighed["gain_s"] <= 0:
-                self.events.append(dict(event, kept=self.current, best=message["choice"],
-                                        reason="the switch would cost more than it saves "
-                                               "in the steps left"))
-                return None
         event.update(switched_from=self.current, switched_to=message["choice"])
         self.events.append(event)
         log.info("auto: the link moved %+.0f%%; switching from %s to %s at step %d",
@@ -177,31 +175,21 @@ class Replanner:
         return message["chosen"]
 
 
-def keeps_residual(settings: dict) -> bool:
-    """Whether the synchronisation ``settings`` name holds back a residual a switch flushes
-    (PowerSGD's error feedback; a sparse algorithm's, unless turned off)."""
-    algorithm = settings.get("algorithm")
-    if algorithm == "powersgd":
-        return True
-    return algorithm in collectives.sparse_names() and settings.get("error_feedback", True)
-
-
-def weigh_switch(figures: dict, step: int, residual: bool) -> dict | None:
+def weigh_switch(figures: dict, step: int) -> dict | None:
     """A switch's worth in seconds at the new rate: the steps left (the share of the current
     choice's predicted steps not yet taken, at least ``MIN_LEFT_SHARE``: a run past its
-    prediction is not taken to be done) at each one's step time, the best's dense warm-up
-    run again, and the flush of ``residual`` (one dense all-reduce of the model, which at a
-    slow rate can cost more than the switch saves: 19.6 MB for compare's MNIST model, seconds
-    at 25 Mbit/s). None where the plan gave no figures for the current choice."""
+    prediction is not taken to be done) at each one's step time. The switch itself sends
+    nothing (the residuals are handed over, not flushed: :func:`switch`) and runs no warm-up;
+    the new wrapper's first step is an ordinary one. None where the plan gave no figures for
+    the current choice."""
     current, best = figures.get("current"), figures.get("best")
     if not current or not best or not current["steps"]:
         return None
     share = max(MIN_LEFT_SHARE, 1.0 - step / current["steps"])
     current_left = share * current["steps"] * current["step_s"]
-    best_left = share * best["steps"] * best["step_s"] + best["warmup_extra_s"]
-    cost = (figures.get("flush_s") or 0.0) if residual else 0.0
+    best_left = share * best["steps"] * best["step_s"]
     return {"left_share": share, "current_left_s": current_left, "best_left_s": best_left,
-            "switch_cost_s": cost, "gain_s": current_left - best_left - cost}
+            "gain_s": current_left - best_left}
 
 
 def _pace(curve: list[dict]) -> float | None:
@@ -225,16 +213,22 @@ def resolved(original, chosen: dict):
     return auto.applied(original, chosen)
 
 
-def switch(original, chosen: dict, sync, module, optimizer, device_ids, scale: float = 1.0):
-    """Flush ``sync``'s residuals, build the synchronisation ``chosen`` names on ``module``
-    (collective). ``scale``: the GradScaler's current scale (the residuals were kept from
-    scaled gradients; the flush is added after the unscaling). Returns (the new cfg, the new
-    sync, the flush's record)."""
+def switch(original, chosen: dict, sync, module, optimizer, device_ids):
+    """Hand ``sync``'s residuals over to the synchronisation ``chosen`` names, built on
+    ``module`` (collective). Returns (the new cfg, the new sync, the hand-over's record).
+
+    Each rank's own residual (what its error feedback held back, in its gradient's units) is
+    added to its next gradient, before the new synchronisation sees it: the new algorithm
+    averages it with the gradients, and what it does not send its own error feedback keeps.
+    The mass the old one held back is delivered or held, never dropped, and the switch sends
+    nothing of its own (a dense flush of the model cost about a dense step: seconds at
+    25 Mbit/s). The new synchronisation starts compressing at once (PowerSGD's dense warm-up
+    is not run again)."""
     new_cfg = resolved(original, chosen)
     if not modes.mode_of(new_cfg.algorithm).per_step:
         raise ValueError(f"re-planning switches between per-step synchronisations, got "
                          f"{new_cfg.algorithm!r}")
-    flushed, mass = sync.flush()
+    owed, mass = sync.flush(average=False)
     sync.close()
     # DDP's reducer holds hooks on every parameter until it is freed: the old wrapper must go
     # before the new one registers its own, or both would reduce each gradient
@@ -245,27 +239,39 @@ def switch(original, chosen: dict, sync, module, optimizer, device_ids, scale: f
     # DDP's initial broadcast of the model would cost a dense exchange on the slow link
     # (13 MB, 4 s at 25 Mbit/s for compare's MNIST model)
     model = DistributedDataParallel(module, device_ids=device_ids, init_sync=False)
-    new_sync = grad_sync.register_sync(new_cfg, model, new_cfg.ranks_per_node)
+    new_sync = grad_sync.register_sync(new_cfg, model, new_cfg.ranks_per_node, switched=True)
     new_sync.attach(optimizer)
-    if flushed is not None:
-        add_once_before_step(optimizer, list(module.parameters()), flushed, scale)
+    if owed is not None:
+        add_to_next_gradients(optimizer, list(module.parameters()), owed)
     return new_cfg, new_sync, mass
 
 
-def add_once_before_step(optimizer, params: list, flushed: list, scale: float = 1.0) -> None:
-    """``flushed[i] / scale`` added to ``params[i].grad`` inside the next ``optimizer.step()``,
-    after the step's gradients are synchronised (and unscaled, with a GradScaler: ``scale``
-    is the loss scale the flushed residuals were kept at), then never again."""
-    handle = None
+def add_to_next_gradients(optimizer, params: list, owed: list) -> None:
+    """``owed[i]`` added to ``params[i]``'s gradient in the next backward, before DDP's
+    buckets take it (a hook on the parameter runs before its gradient is accumulated, DDP's
+    after), once: the hooks come off at the next ``optimizer.step()``. With a GradScaler the
+    residuals were kept from scaled gradients and are added to scaled ones."""
+    handles = []
+    fired: set[int] = set()
 
-    def add(opt, args, kwargs):
-        with torch.no_grad():
-            for p, extra in zip(params, flushed):
-                if extra is not None and p.grad is not None:
-                    p.grad.add_(extra.to(p.grad.dtype), alpha=1.0 / scale)
-        handle.remove()
+    def adder(index: int, extra: torch.Tensor):
+        def add(grad):
+            if index in fired:  # a second backward before the step: owed once only
+                return grad
+            fired.add(index)
+            return grad + extra.to(grad.dtype)
+        return add
 
-    handle = optimizer.register_step_pre_hook(add)
+    for i, (p, extra) in enumerate(zip(params, owed)):
+        if extra is not None and p.requires_grad:
+            handles.append(p.register_hook(adder(i, extra)))
+
+    def remove(opt, args, kwargs):
+        for handle in handles:
+            handle.remove()
+        step_handle.remove()
+
+    step_handle = optimizer.register_step_post_hook(remove)
 
 
 def record(replanner: Replanner | None, switches: list) -> dict | None:
