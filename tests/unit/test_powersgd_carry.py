@@ -29,6 +29,7 @@ def test_a_rebuild_hands_every_parameters_error_to_its_new_bucket():
     carry_error(layouts, SIZES, loose, state, 0, (2, 1), torch.zeros(7))
     assert torch.equal(state.error_dict[0], torch.cat([e[2], e[1]]))
     assert state.p_memory_dict == {} and state.q_memory_dict == {}  # warm start begins afresh
+    assert set(loose) == {0}  # bucket 1's other parameter waits for its new bucket
     carry_error(layouts, SIZES, loose, state, 1, (0,), torch.zeros(2))
     assert torch.equal(state.error_dict[1], e[0])
     assert loose == {} and layouts == {0: (2, 1), 1: (0,)}
@@ -64,3 +65,15 @@ def test_a_new_memory_starts_empty_and_a_parameter_without_an_index_is_not_carri
     layouts = {0: (0, 1)}
     carry_error(layouts, SIZES, {}, state, 0, (0, -1), torch.zeros(5))
     assert 0 not in state.error_dict
+
+
+def test_a_bucket_reduced_earlier_in_the_step_with_its_own_parameters_is_not_cut():
+    e = _pieces()
+    # bucket 0 keeps parameter 2; bucket 1 held 1 then 0 and now holds 0 then 1
+    new_error_of_0 = torch.full((4,), 7.0)  # what the step's reduction of bucket 0 left
+    state = _state({0: new_error_of_0, 1: torch.cat([e[1], e[0]])})
+    state.p_memory_dict = {0: "p0", 1: "p1"}
+    layouts, loose = {0: (2,), 1: (1, 0)}, {}
+    carry_error(layouts, SIZES, loose, state, 1, (0, 1), torch.zeros(5))
+    assert state.error_dict[0] is new_error_of_0 and state.p_memory_dict == {0: "p0"}
+    assert torch.equal(state.error_dict[1], torch.cat([e[0], e[1]])) and loose == {}

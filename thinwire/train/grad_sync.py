@@ -231,11 +231,12 @@ def _powersgd_resumable(layouts: dict, param_index: dict, sizes: list, loose: di
     DDP rebuilds its buckets after a wrapper's first step; a resumed run, or a run that
     switched to PowerSGD mid-way (``register(switched=True)``), compresses before that, so its
     error memory may belong to other coordinates than those its bucket index holds now.
-    PyTorch keys the memory by bucket index only (and fails on a size mismatch). At the first
-    bucket whose parameters changed, every bucket's error is cut into pieces by parameter
+    PyTorch keys the memory by bucket index only (and fails on a size mismatch). Where a
+    bucket's parameters changed, the errors that held them are cut into pieces by parameter
     (``loose``), and each bucket of the step takes its parameters' pieces back in its own
-    order: the error's mass is kept (sent + kept = corrected through a rebuild). The P/Q
-    memories (warm start only: a starting point, not mass) begin afresh there. A parameter
+    order (:func:`carry_error`): the error's mass is kept (sent + kept = corrected through a
+    rebuild). The P/Q memories of a changed bucket (warm start only: a starting point, not
+    mass) begin afresh. A parameter
     outside ``module.parameters()`` (index -1) cannot be carried: its bucket's memory is
     dropped as before.
     """
@@ -268,11 +269,18 @@ def _powersgd_resumable(layouts: dict, param_index: dict, sizes: list, loose: di
 def carry_error(layouts: dict, sizes: list, loose: dict, state, index: int, layout: tuple,
                 buffer: torch.Tensor) -> None:
     """Before PowerSGD reduces bucket ``index`` (its parameters ``layout``, model indices;
-    ``buffer`` its gradient): where the bucket holds other parameters than the memory was
-    kept for, every bucket's error is cut by parameter first; then the bucket takes its
-    parameters' pieces (zeros for those without one) as its error memory."""
+    ``buffer`` its gradient): where the bucket holds other parameters than its memory was
+    kept for, the memories that hold any of them (its own index's too) are cut into pieces by
+    parameter; then the bucket takes its parameters' pieces (zeros for those without one) as
+    its error memory. A bucket whose parameters did not change is never cut, so one reduced
+    earlier in the step (whose new error a CUDA callback may still be writing) is left alone:
+    it holds none of a later bucket's parameters."""
     if layouts.get(index, layout) != layout:
-        _cut_by_parameter(state, layouts, sizes, loose)
+        wanted = set(layout)
+        for other, held in list(layouts.items()):
+            if other == index or wanted.intersection(held):
+                _cut(state, other, held, sizes, loose)
+                del layouts[other]
     if -1 in layout:
         for memory in (state.error_dict, state.p_memory_dict, state.q_memory_dict):
             memory.pop(index, None)
@@ -283,21 +291,19 @@ def carry_error(layouts: dict, sizes: list, loose: dict, state, index: int, layo
     layouts[index] = layout
 
 
-def _cut_by_parameter(state, layouts: dict, sizes: list, loose: dict) -> None:
-    """Every bucket's error memory into ``loose`` (parameter index -> its piece), the
-    memories and layouts emptied: the buckets changed."""
-    for index, error in state.error_dict.items():
-        layout = layouts.get(index, ())
-        if -1 in layout or sum(sizes[i] for i in layout) != error.numel():
-            continue  # not carried: a parameter without an index (see _powersgd_resumable)
-        offset = 0
-        for i in layout:
-            piece = error[offset:offset + sizes[i]].clone()
-            loose[i] = piece if i not in loose else loose[i] + piece
-            offset += sizes[i]
-    for memory in (state.error_dict, state.p_memory_dict, state.q_memory_dict):
-        memory.clear()
-    layouts.clear()
+def _cut(state, index: int, layout: tuple, sizes: list, loose: dict) -> None:
+    """Bucket ``index``'s error memory into ``loose`` (parameter index -> its piece); its
+    memories emptied (P/Q: a warm start's starting point, not mass, begins afresh)."""
+    error = state.error_dict.pop(index, None)
+    state.p_memory_dict.pop(index, None)
+    state.q_memory_dict.pop(index, None)
+    if error is None or -1 in layout or sum(sizes[i] for i in layout) != error.numel():
+        return  # nothing kept, or not carried: a parameter without an index
+    offset = 0
+    for i in layout:
+        piece = error[offset:offset + sizes[i]].clone()
+        loose[i] = piece if i not in loose else loose[i] + piece
+        offset += sizes[i]
 
 
 def check_gloo_threads_for_powersgd(group=None) -> None:
