@@ -53,6 +53,7 @@ def every_space_then_ddp(rank, world, algorithms, ranks_per_node):
     out = {a: synchronize_then_flush(rank, world, a, ranks_per_node) for a in algorithms}
     out["ddp"] = ddp_then_flush(rank, world, "hitopk", ranks_per_node)
     out["powersgd"] = powersgd_then_flush(rank, world)
+    out["powersgd_from_0"] = powersgd_from_step_0_then_flush(rank, world)
     return out
 
 
@@ -76,7 +77,24 @@ def powersgd_then_flush(rank, world, steps=5):
     return _ddp_conservation(rank, world, hook, steps)
 
 
-def _ddp_conservation(rank, world, register, steps):
+def powersgd_from_step_0_then_flush(rank, world, steps=5):
+    """PowerSGD compressing from the first step (--powersgd-start-iter 0: its error memory
+    carried through DDP's bucket rebuild after that step), flushed the same way."""
+    from thinwire.train import grad_sync
+
+    seen = {}
+
+    def hook(model):
+        seen["sync"] = grad_sync.register(model, "powersgd", powersgd_rank=1,
+                                          powersgd_start_iter=0)
+        return seen["sync"].flush
+    out = _ddp_conservation(rank, world, hook, steps,
+                            after_first=lambda: seen.update(
+                                compressed_first=bool(seen["sync"].state.error_dict)))
+    return dict(out, compressed_first=seen["compressed_first"])
+
+
+def _ddp_conservation(rank, world, register, steps, after_first=None):
     """Train ``steps`` with the hook ``register`` puts on a DDP model, flush, and compare
     what was applied plus the flush with every rank's gradients averaged densely."""
     torch.manual_seed(0)
@@ -92,6 +110,8 @@ def _ddp_conservation(rank, world, register, steps):
         model(inputs[rank]).square().sum().backward()
         for a, p in zip(applied, module.parameters()):
             a.add_(p.grad.double())
+        if step == 0 and after_first is not None:
+            after_first()
         for other in range(world):  # every rank's own gradient, without communication
             copy = nn.Sequential(nn.Linear(64, 300), nn.Linear(300, 10))
             copy.load_state_dict(module.state_dict())

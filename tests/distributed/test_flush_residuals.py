@@ -22,6 +22,9 @@ def test_applied_plus_flushed_is_the_dense_average():
         assert rank["ddp"]["relative_error"] < 1e-5, rank["ddp"]
         powersgd = rank["powersgd"]  # its error memory, flushed the same way
         assert powersgd["flushed"]["l1"] > 0 and powersgd["relative_error"] < 1e-5, powersgd
+        # compressing from the first step, before DDP's rebuild: nothing lost through it
+        from_0 = rank["powersgd_from_0"]
+        assert from_0["compressed_first"] and from_0["relative_error"] < 1e-5, from_0
 
 
 HITOPK = {"algorithm": "hitopk", "density": 0.05, "selector": "exact"}

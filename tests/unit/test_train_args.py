@@ -29,7 +29,7 @@ from thinwire.train.config import TrainConfig
      ["--density-warmup-steps", "--algorithm ddp", "hitopk"]),
     ({"density_warmup_steps": 5, "density_warmup_from": 0.001},
      ["--density-warmup-from", "0.001", "[0.01, 1]"]),
-    ({"powersgd_start_iter": 1}, ["--powersgd-start-iter", "1", ">= 2"]),
+    ({"powersgd_start_iter": -1}, ["--powersgd-start-iter", "-1", ">= 0"]),
     ({"wire": "int8"}, ["--wire", "'int8'", "none", "fp16", "bf16"]),
     ({"wire": "bf16", "algorithm": "powersgd"}, ["--wire", "--algorithm powersgd", "hitopk"]),
     ({"sparse_wire": "int8"}, ["--sparse-wire", "'int8'", "fp32", "fp16", "bf16"]),

@@ -7,7 +7,8 @@ thinwire's own (every algorithm in :mod:`thinwire.collectives`' registry) go thr
 * `ddp-fp16`: `default_hooks.fp16_compress_hook` (halves the bytes);
 * `powersgd`: `powerSGD_hook` with rank `--powersgd-rank`, error feedback and warm start, and
   compression from step `--powersgd-start-iter` on (default 2: the third step, the least
-  PyTorch allows with error feedback; its dense steps before are PyTorch's own warm-up).
+  PyTorch allows with error feedback; its dense steps before are PyTorch's own warm-up; 0 or
+  1 run too, the error memory carried through DDP's rebuild by :func:`carry_error`).
 
 Each returns a :class:`Sync`: what the checkpoint stores (the residuals) and the counters.
 """
@@ -202,12 +203,17 @@ def register(model: DistributedDataParallel, algorithm: str, density: float = 0.
     if algorithm == "ddp-fp16":
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
         return Sync(algorithm, model=model)
+    # PyTorch refuses a start before step 2 with error feedback (its memory is keyed by bucket
+    # index, which DDP's rebuild after the first step reshuffles); carry_error follows the
+    # rebuild by parameter, so an earlier start is the counter set ahead by what is skipped
     state = powerSGD_hook.PowerSGDState(
         process_group=None, matrix_approximation_rank=check_powersgd_rank(powersgd_rank),
-        start_powerSGD_iter=powersgd_start_iter, use_error_feedback=True, warm_start=True,
-        random_seed=seed)
+        start_powerSGD_iter=max(powersgd_start_iter, POWERSGD_START_ITER),
+        use_error_feedback=True, warm_start=True, random_seed=seed)
     if switched:
         state.iter = state.start_powerSGD_iter
+    elif powersgd_start_iter < POWERSGD_START_ITER:
+        state.iter = POWERSGD_START_ITER - powersgd_start_iter
     if next(model.module.parameters()).device.type == "cpu":
         check_gloo_threads_for_powersgd(model.process_group)
     layouts: dict = {}

@@ -174,7 +174,8 @@ SETTINGS: tuple[Setting, ...] = (
       applies=lambda c: grad_sync.takes_powersgd_settings(c.algorithm),
       applies_to="--algorithm powersgd", concern="sync"),
     S("powersgd_start_iter", int, 2, "steps all-reduced densely before PowerSGD compresses "
-      "(>= 2: its error feedback needs it)", low=2,
+      "(PyTorch's own needs >= 2; thinwire's hook carries the error memory through DDP's "
+      "bucket rebuild, so 0 and 1 run too)", low=0,
       applies=lambda c: grad_sync.takes_powersgd_settings(c.algorithm),
       applies_to="--algorithm powersgd", concern="sync"),
     # --- the optimizer and its schedule
