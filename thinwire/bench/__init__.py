@@ -34,6 +34,7 @@ BENCH_MODULES = [
     "thinwire.bench.seed_holdout",
     "thinwire.bench.steps_between",
     "thinwire.bench.intra_probe",
+    "thinwire.bench.powersgd_start",
     "thinwire.bench.ddp_auto_replan",
 ]
 
