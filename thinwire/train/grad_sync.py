@@ -242,9 +242,8 @@ def _powersgd_resumable(layouts: dict, param_index: dict, sizes: list, loose: di
     (``loose``), and each bucket of the step takes its parameters' pieces back in its own
     order (:func:`carry_error`): the error's mass is kept (sent + kept = corrected through a
     rebuild). The P/Q memories of a changed bucket (warm start only: a starting point, not
-    mass) begin afresh. A parameter
-    outside ``module.parameters()`` (index -1) cannot be carried: its bucket's memory is
-    dropped as before.
+    mass) begin afresh. A parameter outside ``module.parameters()`` (index -1) cannot be
+    carried: its bucket's memory is dropped.
     """
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
