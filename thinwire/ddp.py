@@ -110,8 +110,9 @@ def replan(ddp_model: DistributedDataParallel, *, share: float = 0.3,
     best at the new rate promises at least ``min_gain`` (default
     ``thinwire.plan_choice.SWITCH_MIN_GAIN``) over the current choice, switch the
     hook to it (:mod:`thinwire.ddp_auto`). Collective: every rank calls it between the same
-    two steps (after ``optimizer.step()``, before the next forward). A switch flushes the
-    residuals densely into the next step's gradient. Returns the check's record; the state
+    two steps (after ``optimizer.step()``, before the next forward). A switch hands each
+    rank's residuals to its next step's buckets (with momentum correction it flushes them
+    densely into that step's gradient). Returns the check's record; the state
     to checkpoint afterwards is :func:`state_of` ``(ddp_model)`` (a new one after a switch).
 
     ``every_s``: call it after every step; it checks only every ``every_s`` seconds (rank 0's
@@ -127,7 +128,7 @@ def replan(ddp_model: DistributedDataParallel, *, share: float = 0.3,
     ``dense_iterations`` and ``density_warmup_steps`` are over, up to ``pilot`` runners-up
     that it predicts within ``thinwire.plan_choice.PILOT_WITHIN`` (1.5x) of its choice are
     measured on your script: each candidate runs ``ddp_auto.PACE_CALLS + 1`` steps (a switch
-    each, flushing as above), and the one whose plan steps to target at its measured seconds
+    each, handing the residuals over as above), and the one whose plan steps to target at its measured seconds
     a step come soonest is kept (switching back to an earlier one only where it promises
     more than ``plan_choice.PILOT_MARGIN``, 5%). The clock and pace checks wait while a pilot
     runs; a jump gives it up for a check. Measured paces stand for the plan's near the rate
@@ -161,15 +162,24 @@ def flush_residuals(ddp_model: DistributedDataParallel, average: bool = True):
     from thinwire.sync import average_over_ranks, flush_indexed
 
     context = _context_of(ddp_model)
+    # a switch's residuals no step has taken yet (alike on every rank): this rank's own, or
+    # with momentum correction the ranks' average already (see _reduce_bucket)
+    averaged = bool(context.state.feedback.momentum)
+    if context.pending and averaged and not average:
+        raise RuntimeError("a switch's averaged flush is still owed to the next step: take "
+                           "this rank's residuals after that step")
+    owed, context.pending = context.pending, {}
     # the hook's layouts index module.parameters(), every one (see _HookContext)
-    flushed, mass = flush_indexed(context.params, context.state, average=False)
-    if context.pending:  # a switch's hand-over not yet taken by a step (alike on every rank)
-        owed, context.pending = context.pending, {}
-        flushed = flushed or [torch.zeros_like(p) for p in context.params]
+    flushed, mass = flush_indexed(context.params, context.state, average=average and averaged)
+    if owed:
+        if average and not averaged:
+            flushed = flushed or [torch.zeros_like(p) for p in context.params]
+        else:
+            flushed = flushed or [None] * len(context.params)
         for i, tensor in owed.items():
-            flushed[i] = flushed[i] + tensor
+            flushed[i] = tensor if flushed[i] is None else flushed[i] + tensor
         mass = dict(mass, owed_from_a_switch=len(owed))
-    if average and flushed is not None:
+    if average and not averaged and flushed is not None:
         flushed = average_over_ranks(flushed, context.state.topology.world)
     return flushed, mass
 
@@ -198,8 +208,9 @@ def _release_reducers() -> None:
 class _HookContext:
     """What the hook needs besides the SyncState: the model order of DDP's parameters, and
     for ``algorithm="auto"`` what re-planning keeps (a switch replaces ``state`` between
-    steps; the residuals it hands over, this rank's own, wait in ``pending`` for the next
-    step's buckets, which add them before they are reduced)."""
+    steps; the residuals it hands over wait in ``pending`` for the next step's buckets:
+    this rank's own, added before they are reduced, or with momentum correction the ranks'
+    average, added after)."""
 
     def __init__(self, state: SyncState, module: torch.nn.Module, auto=None):
         self.state = state
@@ -300,7 +311,10 @@ def _add_extras(result: torch.Tensor, layout: _Layout, extras: list) -> None:
 
 def _reduce_bucket(state: SyncState, index: int, buffer: torch.Tensor, layout: _Layout,
                    is_last: bool, extras: list | None = None) -> torch.Tensor:
-    if extras:  # this rank's residuals a switch handed over: reduced with the gradient
+    # a switch's residuals: this rank's own, reduced with the gradient; with momentum
+    # correction the ranks' average, flushed after (DGC's velocity would count them again)
+    before = extras and not state.feedback.momentum
+    if before:
         _add_extras(buffer, layout, extras)
     state.add_weight_decay(buffer, layout.params)  # in DDP's order, before any reordering
     # A sparse algorithm's selection, shards and residuals depend on the order of the entries:
@@ -311,6 +325,8 @@ def _reduce_bucket(state: SyncState, index: int, buffer: torch.Tensor, layout: _
             state.reduce(index, layout.to_canonical(buffer), layout.signature), out=buffer)
     else:
         result = state.reduce(index, buffer, layout.signature)
+    if extras and not before:
+        _add_extras(result, layout, extras)
     if is_last:
         state.end_step()
     return result

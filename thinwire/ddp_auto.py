@@ -13,8 +13,10 @@ SyncState between steps; DDP keeps its one hook and its buckets. What a sparse a
 back (its residuals mean its own buckets' coordinates) is handed over: each rank's own residual
 is added to its next step's buckets before they are reduced, so the new algorithm averages it
 with the gradient and its error feedback keeps what it does not send; the mass is delivered or
-held, never dropped, and the switch exchanges nothing (the same rule as ``thinwire train``'s
-re-planning; tested: the steps' gradients add up to the ranks' dense average). The new state
+held and the switch exchanges nothing (the same rule as ``thinwire train``'s re-planning;
+tested: the steps' gradients add up to the ranks' dense average). With momentum correction
+they are flushed densely instead (averaged, added after the next step's reduction): DGC's
+velocity would count a handed-over residual again at every step it stays unsent. The new state
 continues the old one's step count (a warm-up or ``dense_iterations`` is not run again); its
 traffic totals and momentum correction's velocities start anew. Until the next step's backward
 the residuals are owed by the hook, not held by a state: :func:`thinwire.ddp.flush_residuals`
@@ -407,18 +409,23 @@ def _switch(context, auto: AutoContext, probe: dict, algorithm: str, settings: d
     """Register the new state and hand this rank's residuals of the current one over to it:
     the hook adds them to the next step's buckets before they are reduced (its pending), so
     the new algorithm averages them with the gradient and its own error feedback keeps what
-    it does not send. Nothing is exchanged for the switch."""
+    it does not send. Nothing is exchanged for the switch. With momentum correction (DGC's
+    velocity would count a handed-over residual again at every step it stays unsent) they
+    are flushed densely instead: averaged in one all-reduce, added after the reduction."""
     from thinwire.sync import flush_indexed
 
     old = context.state
     new = SyncState(None, algorithm, **settings, **auto.settings)  # checked by fits: no raise
-    owed, mass = flush_indexed(context.params, old, average=False)
+    dense_flush = bool(new.feedback.momentum)  # the user's setting: alike on every rank
+    owed, mass = flush_indexed(context.params, old, average=dense_flush)
     if owed is not None and owed[0].is_cuda:
         # the worker adds them on its side stream, which waits only for backward's stream:
         # they were made on the caller's current stream, which may be another
         torch.cuda.current_stream(owed[0].device).synchronize()
     new.attach(old.topology)
     new.steps = old.steps
-    new.auto = dict(record, probe=probe, handed_over=mass)
+    new.auto = dict(record, probe=probe,
+                    handed_over=dict(mass, how="flushed densely" if dense_flush
+                                     else "handed over"))
     context.switch_to(new, owed)
     auto.switches += 1

@@ -172,3 +172,29 @@ def switch_conservation(rank, world, ranks_per_node, pairs, before=3, after=3):
         out[f"{first['algorithm']}->{second['algorithm']}"] = record
         dist.barrier()
     return out
+
+
+def switch_with_momentum_correction(rank, world, ranks_per_node):
+    """hitopk with DGC's momentum correction switched to hitopk at another density: the
+    residuals (accumulated velocity) are flushed densely, not handed over."""
+    from thinwire.train import grad_sync, replan
+    from thinwire.train.config import TrainConfig
+
+    original = TrainConfig(algorithm="auto", plan_from="unused.json",
+                           ranks_per_node=ranks_per_node, seed=0, momentum_correction=True)
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(64, 300), nn.Linear(300, 10))
+    opt = torch.optim.SGD(module.parameters(), lr=0.0)
+    first = {"algorithm": "hitopk", "density": 0.05, "selector": "exact"}
+    sync = grad_sync.register_sync(replan.resolved(original, first),
+                                   DDP(module, bucket_cap_mb=0.05), ranks_per_node)
+    for step in range(2):
+        opt.zero_grad()
+        sync.model(torch.randn(8, 64)).square().sum().backward()
+        opt.step()
+    _, sync, record = replan.switch(original, dict(first, density=0.1), sync, module, opt, None)
+    opt.zero_grad()
+    sync.model(torch.randn(8, 64)).square().sum().backward()
+    opt.step()
+    dist.barrier()
+    return record

@@ -41,6 +41,15 @@ def test_a_switch_hands_the_residuals_over_and_nothing_is_lost():
     for rank in results:
         for name, r in rank.items():
             assert r["handed_over"]["l1"] > 0, (name, r)  # the first held mass back
+            assert r["handed_over"]["how"] == "handed over", (name, r)
             assert r["relative_error"] < 1e-5, (name, r)
         assert rank["hitopk->powersgd"]["compressed_at_once"]
         assert rank["hitopk->allreduce"]["held_after"]["l1"] == 0  # dense: nothing held after
+
+
+def test_with_momentum_correction_a_switch_flushes_densely():
+    """DGC's residual is accumulated velocity: handed to the new algorithm's momentum it would
+    be counted again at every step it stays unsent, so those switches flush as before."""
+    results = run_ranks(flush_workers.switch_with_momentum_correction, 4, 2)
+    for record in results:
+        assert record["how"] == "flushed densely" and record["l1"] > 0, record

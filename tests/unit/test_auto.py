@@ -199,3 +199,27 @@ def test_the_plan_takes_the_intra_node_rate_the_probe_measured(tmp_path):
     assert host["intra_node_link"]["source"] == "calibration"
     assert host["predicted_time_to_target_s"] == pytest.approx(
         fitted["predicted_time_to_target_s"])
+
+
+def test_mid_run_a_candidate_is_ranked_without_the_warm_up_a_switch_does_not_run(tmp_path):
+    """hitopk raced with 30 dense first steps: from the start the all-reduce is the faster at
+    50 Mbit/s (those steps charged), under way hitopk is (a switch runs no warm-up)."""
+    import json
+
+    path = _results(tmp_path)
+    results = json.loads(path.read_text())
+    for run in results["runs"]:
+        if run["algorithm"] == "hitopk":
+            run["dense_warmup_steps"] = 30
+    path.write_text(json.dumps(results))
+    probe = {"goodput_Bps": 0.85 * 5e7 / 8}
+    _, first = choose(_cfg(path), 2, probe)
+    assert first["choice"] == "allreduce"
+    _, under_way = choose(_cfg(path), 2, probe, per_step_only=True, current="allreduce")
+    assert under_way["choice"].startswith("hitopk") and "dense_warmup_steps=30" in \
+        under_way["choice"]
+    assert under_way["predicted_time_to_target_s"] < under_way["current_time_to_target_s"]
+    best, current = under_way["switch"]["best"], under_way["switch"]["current"]
+    assert under_way["predicted_time_to_target_s"] == pytest.approx(best["steps"] * best["step_s"])
+    assert current["steps"] * current["step_s"] == pytest.approx(
+        under_way["current_time_to_target_s"])

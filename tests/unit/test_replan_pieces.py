@@ -22,13 +22,49 @@ def test_the_hand_over_is_added_to_the_next_gradient_once_before_it_is_accumulat
     assert seen == [[1.5, 2.5, 3.5], [0.5, 0.5, 0.5]]
 
 
-def test_a_second_backward_before_the_step_gets_the_hand_over_once():
+def test_a_step_the_scaler_skips_gets_the_hand_over_again_at_the_next_backward():
     p = torch.nn.Parameter(torch.zeros(2))
     opt = torch.optim.SGD([p], lr=1.0)
     replan.add_to_next_gradients(opt, [p], [torch.tensor([4.0, -4.0])])
+    p.sum().backward()  # an overflow: the scaler skips opt.step() and the gradient goes
+    assert p.grad.tolist() == [5.0, -3.0]
+    opt.zero_grad()
     p.sum().backward()
-    p.sum().backward()  # gradient accumulation: two micro-batches, one step
-    assert p.grad.tolist() == [6.0, -2.0]
+    assert p.grad.tolist() == [5.0, -3.0]  # owed still
+    opt.step()
+    opt.zero_grad()
+    p.sum().backward()
+    assert p.grad.tolist() == [1.0, 1.0]  # delivered: the hooks are gone
+
+
+def test_the_hand_over_follows_the_loss_scale():
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=1.0)
+    scale = [1024.0]
+    # kept at a scale of 1024 (3 unscaled); the scaler halved it since
+    replan.add_to_next_gradients(opt, [p], [torch.tensor([3072.0])], 1024.0, lambda: scale[0])
+    scale[0] = 512.0
+    (512.0 * p.sum()).backward()
+    assert p.grad.tolist() == [512.0 + 1536.0]
+
+
+def test_the_flush_with_momentum_correction_is_added_inside_the_next_step_only():
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.SGD([p], lr=1.0)
+    replan.add_once_before_step(opt, [p], [torch.tensor([1.0, 2.0, 3.0])])
+    for expected in ([-1.5, -2.5, -3.5], [-2.0, -3.0, -4.0]):  # then only the gradient
+        p.grad = torch.full((3,), 0.5)
+        opt.step()
+        assert p.detach().tolist() == expected
+
+
+def test_a_flush_kept_at_a_loss_scale_is_added_unscaled():
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([p], lr=1.0)
+    replan.add_once_before_step(opt, [p], [torch.tensor([65536.0, -131072.0])], scale=65536.0)
+    p.grad = torch.zeros(2)
+    opt.step()
+    assert p.detach().tolist() == [-1.0, 2.0]
 
 
 def test_a_new_choice_starts_from_the_runs_own_settings_not_the_last_choices():
@@ -40,13 +76,12 @@ def test_a_new_choice_starts_from_the_runs_own_settings_not_the_last_choices():
     assert (second.algorithm, second.sparse_wire, second.selector) == ("oktopk", "fp32", "auto")
 
 
-def test_a_parameter_without_a_hand_over_or_a_gradient_is_left_alone():
-    a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
-    opt = torch.optim.SGD([a, b], lr=1.0)
-    replan.add_to_next_gradients(opt, [a, b], [None, torch.ones(2)])
-    a.sum().backward()  # b takes no part in this step: its hook does not fire
-    opt.step()
-    assert a.detach().tolist() == [-1.0, -1.0] and b.detach().tolist() == [0.0, 0.0]
+def test_only_parameters_owed_something_get_it_and_only_where_they_have_a_gradient():
+    a, b, c = (torch.nn.Parameter(torch.zeros(2)) for _ in range(3))
+    opt = torch.optim.SGD([a, b, c], lr=1.0)
+    replan.add_to_next_gradients(opt, [a, b, c], [None, torch.ones(2), torch.ones(2)])
+    (a.sum() + b.sum()).backward()  # c takes no part in this step: its hook does not fire
+    assert a.grad.tolist() == [1.0, 1.0] and b.grad.tolist() == [2.0, 2.0] and c.grad is None
 
 
 def _curve(*points):
@@ -126,16 +161,6 @@ def test_a_switch_is_weighed_in_the_seconds_left():
     assert late["left_share"] == pytest.approx(0.1)  # at least a tenth is taken to be left
     assert late["gain_s"] == pytest.approx(3.2 - 0.92)
     assert weigh_switch({"best": _figures()["best"], "current": None}, 4) is None
-
-
-def test_mid_run_a_candidate_is_ranked_without_its_warm_up():
-    from thinwire.train.auto import mid_run_s
-
-    # PowerSGD at 25 Mbit/s: 2 dense steps of 7 s before 40 compressed ones of 0.2 s
-    powersgd = {"steps": 42, "step_s": 0.2, "time_to_target_s": 2 * 7.0 + 40 * 0.2}
-    hitopk = {"steps": 40, "step_s": 0.35, "time_to_target_s": 40 * 0.35}
-    assert powersgd["time_to_target_s"] > hitopk["time_to_target_s"]  # from the start
-    assert mid_run_s(powersgd) < mid_run_s(hitopk)  # under way: no warm-up to run again
 
 
 def test_a_recheck_plans_with_the_first_probes_intra_node_figure(world_of_one, monkeypatch):

@@ -322,7 +322,8 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
                 totals_end, switch_began = sync.totals(), time.perf_counter()
                 model = None  # the old wrapper is freed inside switch, before the new one
                 cfg, sync, handed_over = replan.switch(
-                    replanner.cfg, chosen_now, sync, module, opt, device_ids)
+                    replanner.cfg, chosen_now, sync, module, opt, device_ids,
+                    scaler.get_scale if scaler is not None else None)
                 model = sync.model
                 metrics.switched_sync(totals_end, sync.totals())
                 switches.append({"step": step, "to": replanner.current,

@@ -14,10 +14,11 @@ check records why.
 The switch (:func:`switch`): the residuals a sparse algorithm (or PowerSGD) holds back mean
 the coordinates of its own buckets and settings, so each rank hands its own over: added to its
 next gradient before the new synchronisation averages it (its error feedback keeps what it
-does not send). The mass is delivered or held, never dropped (tested: applied + held = the
-dense average, through a switch either way), and the switch sends nothing of its own (a dense
-flush would cost an all-reduce of the model, about a dense step: seconds at 25 Mbit/s, just
-where a switch to a compressed algorithm pays). The new choice starts compressing at once:
+does not send). The mass is delivered or held (tested: applied + held = the dense average,
+through a switch either way), and the switch sends nothing of its own (a dense flush would
+cost an all-reduce of the model, about a dense step: seconds at 25 Mbit/s, just where a switch
+to a compressed algorithm pays). With momentum correction the residuals are flushed densely
+(DGC's velocity would otherwise count them again at every step they stay unsent). The new choice starts compressing at once:
 PowerSGD's dense warm-up steps are not run again. A switch is ranked by the plan without
 warm-ups (:func:`thinwire.train.auto.mid_run_s`) and made where it promises
 ``SWITCH_MIN_GAIN``; the seconds it saves in the steps left are recorded
@@ -213,22 +214,27 @@ def resolved(original, chosen: dict):
     return auto.applied(original, chosen)
 
 
-def switch(original, chosen: dict, sync, module, optimizer, device_ids):
+def switch(original, chosen: dict, sync, module, optimizer, device_ids, scale_of=None):
     """Hand ``sync``'s residuals over to the synchronisation ``chosen`` names, built on
-    ``module`` (collective). Returns (the new cfg, the new sync, the hand-over's record).
+    ``module`` (collective). Returns (the new cfg, the new sync, the residuals' record).
+    ``scale_of()``: the GradScaler's current loss scale (None: no scaler).
 
     Each rank's own residual (what its error feedback held back, in its gradient's units) is
     added to its next gradient, before the new synchronisation sees it: the new algorithm
     averages it with the gradients, and what it does not send its own error feedback keeps.
-    The mass the old one held back is delivered or held, never dropped, and the switch sends
-    nothing of its own (a dense flush of the model cost about a dense step: seconds at
-    25 Mbit/s). The new synchronisation starts compressing at once (PowerSGD's dense warm-up
-    is not run again)."""
+    The mass the old one held back is delivered or held, and the switch sends nothing of its
+    own (a dense flush of the model cost about a dense step: seconds at 25 Mbit/s). The new
+    synchronisation starts compressing at once (PowerSGD's dense warm-up is not run again).
+    With momentum correction the residual is DGC's accumulated velocity: fed into the new
+    algorithm's momentum it would come back at every step it stays unsent, so it is flushed
+    densely as before (averaged over the ranks, added once inside the next optimizer step)."""
     new_cfg = resolved(original, chosen)
     if not modes.mode_of(new_cfg.algorithm).per_step:
         raise ValueError(f"re-planning switches between per-step synchronisations, got "
                          f"{new_cfg.algorithm!r}")
-    owed, mass = sync.flush(average=False)
+    dense_flush = bool(new_cfg.momentum_correction)
+    scale = scale_of() if scale_of is not None else 1.0
+    owed, mass = sync.flush(average=dense_flush)
     sync.close()
     # DDP's reducer holds hooks on every parameter until it is freed: the old wrapper must go
     # before the new one registers its own, or both would reduce each gradient
@@ -241,30 +247,31 @@ def switch(original, chosen: dict, sync, module, optimizer, device_ids):
     model = DistributedDataParallel(module, device_ids=device_ids, init_sync=False)
     new_sync = grad_sync.register_sync(new_cfg, model, new_cfg.ranks_per_node, switched=True)
     new_sync.attach(optimizer)
-    if owed is not None:
-        add_to_next_gradients(optimizer, list(module.parameters()), owed)
-    return new_cfg, new_sync, mass
+    if owed is not None and dense_flush:
+        add_once_before_step(optimizer, list(module.parameters()), owed, scale)
+    elif owed is not None:
+        add_to_next_gradients(optimizer, list(module.parameters()), owed, scale, scale_of)
+    return new_cfg, new_sync, dict(mass, how="flushed densely" if dense_flush else "handed over")
 
 
-def add_to_next_gradients(optimizer, params: list, owed: list) -> None:
-    """``owed[i]`` added to ``params[i]``'s gradient in the next backward, before DDP's
-    buckets take it (a hook on the parameter runs before its gradient is accumulated, DDP's
-    after), once: the hooks come off at the next ``optimizer.step()``. With a GradScaler the
-    residuals were kept from scaled gradients and are added to scaled ones."""
+def add_to_next_gradients(optimizer, params: list, owed: list, scale: float = 1.0,
+                          scale_of=None) -> None:
+    """``owed[i]`` added to ``params[i]``'s gradient in every backward until an
+    ``optimizer.step()`` completes, before DDP's buckets take it (a hook on the parameter runs
+    before its gradient is accumulated, DDP's after): a step a GradScaler skips discards that
+    gradient, so the next backward adds it again. ``scale``: the loss scale the residuals were
+    kept at; ``scale_of()``: the scale now (the residuals follow it), None: no scaler."""
     handles = []
-    fired: set[int] = set()
 
-    def adder(index: int, extra: torch.Tensor):
+    def adder(extra: torch.Tensor):
         def add(grad):
-            if index in fired:  # a second backward before the step: owed once only
-                return grad
-            fired.add(index)
-            return grad + extra.to(grad.dtype)
+            factor = 1.0 if scale_of is None else scale_of() / scale
+            return grad + extra.to(grad.dtype) * factor
         return add
 
-    for i, (p, extra) in enumerate(zip(params, owed)):
+    for p, extra in zip(params, owed):
         if extra is not None and p.requires_grad:
-            handles.append(p.register_hook(adder(i, extra)))
+            handles.append(p.register_hook(adder(extra)))
 
     def remove(opt, args, kwargs):
         for handle in handles:
@@ -272,6 +279,22 @@ def add_to_next_gradients(optimizer, params: list, owed: list) -> None:
         step_handle.remove()
 
     step_handle = optimizer.register_step_post_hook(remove)
+
+
+def add_once_before_step(optimizer, params: list, flushed: list, scale: float = 1.0) -> None:
+    """``flushed[i] / scale`` added to ``params[i].grad`` inside the next ``optimizer.step()``,
+    after the step's gradients are synchronised (and unscaled, with a GradScaler: ``scale``
+    is the loss scale the flushed residuals were kept at), then never again."""
+    handle = None
+
+    def add(opt, args, kwargs):
+        with torch.no_grad():
+            for p, extra in zip(params, flushed):
+                if extra is not None and p.grad is not None:
+                    p.grad.add_(extra.to(p.grad.dtype), alpha=1.0 / scale)
+        handle.remove()
+
+    handle = optimizer.register_step_pre_hook(add)
 
 
 def record(replanner: Replanner | None, switches: list) -> dict | None:
