@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from pathlib import Path
 
 from thinwire.bench.report import format_table, save_if_asked
 
@@ -26,7 +27,7 @@ def powersgd_runs(paths: list[str]) -> list[dict]:
     """Every finished PowerSGD run of ``paths``: rate, seed, start, time to target, steps."""
     rows = []
     for path in paths:
-        results = json.loads(open(path, encoding="utf-8").read())
+        results = json.loads(Path(path).read_text(encoding="utf-8"))
         for run in results.get("runs", []):
             if run.get("algorithm") != "powersgd":
                 continue

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from thinwire import collectives, link_probe
+from thinwire import link_probe
 from thinwire.plan_choice import RECHECK_BYTES, SWITCH_MIN_GAIN
 from thinwire.train import auto, grad_sync, modes
 
