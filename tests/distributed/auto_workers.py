@@ -56,11 +56,15 @@ def train_auto(rank, world, results_path):
     return summary.get("auto") if rank == 0 else None
 
 
-def register_then_replan(rank, world, plan, goodputs_Bps):
+def register_then_replan(rank, world, plan, goodputs_Bps, momentum_correction=0.0):
     """register(..., "auto") and four steps of a linear model, with ``thinwire.ddp.replan``
     after the first and the second; the link's goodput is scripted (``goodputs_Bps``: the
-    registration's probe, then each re-check's)."""
+    registration's probe, then each re-check's). ``flush_refs``: before each replan, the
+    ranks' averaged residuals per parameter, flushed from a copy of the state (the dense
+    flush a switch under momentum correction must add)."""
     import copy
+
+    from thinwire.sync import flush_indexed
 
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -79,9 +83,9 @@ def register_then_replan(rank, world, plan, goodputs_Bps):
     model = DDP(torch.nn.Linear(64, 16))
     # dense_below_bytes=0: this small bucket is compressed (by default it would go dense)
     first = thinwire.ddp.register(model, "auto", plan=plan, ranks_per_node=1,
-                                  dense_below_bytes=0)
+                                  dense_below_bytes=0, momentum_correction=momentum_correction)
     torch.manual_seed(1 + rank)
-    own, synced, events, algorithms = [], [], [], [first.algorithm]
+    own, synced, events, algorithms, flush_refs = [], [], [], [first.algorithm], []
     for step in range(4):
         x = torch.randn(32, 64)
         alone = copy.deepcopy(model.module)  # this rank's own gradient, for the reference
@@ -92,13 +96,19 @@ def register_then_replan(rank, world, plan, goodputs_Bps):
                                  model.module.bias.grad]))
         model.module.zero_grad(set_to_none=True)
         if step < 2:
+            state = thinwire.ddp.state_of(model)
+            held = copy.deepcopy(state)  # the topology's groups do not copy: attached again
+            held.attach(state.topology)
+            flushed, _ = flush_indexed(list(model.module.parameters()), held)
+            flush_refs.append(None if flushed is None else
+                              torch.cat([flushed[0].reshape(-1), flushed[1]]))
             events.append(thinwire.ddp.replan(model))
             algorithms.append(thinwire.ddp.state_of(model).algorithm)
     now = thinwire.ddp.state_of(model)
     flushed, _ = thinwire.ddp.flush_residuals(model)  # the all-reduce holds none back
     return {"own": torch.stack(own), "synced": torch.stack(synced), "events": events,
             "algorithms": algorithms, "steps": now.steps, "auto": now.auto,
-            "flushed_after": flushed}
+            "flushed_after": flushed, "flush_refs": flush_refs}
 
 
 def timed_replan(rank, world, plan):

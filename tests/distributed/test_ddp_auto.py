@@ -82,6 +82,37 @@ def test_replan_switches_hitopk_to_the_all_reduce_and_delivers_the_residuals():
     torch.testing.assert_close(results[0]["synced"], results[1]["synced"])
 
 
+def test_with_momentum_correction_the_switch_flushes_the_averaged_residuals_densely():
+    # DGC's velocity would count a handed-over residual again at every step it stays unsent:
+    # the switch adds the ranks' averaged residuals once, after the next step's reduction.
+    # Momentum correction is a sparse algorithm's: the plan's fastest at 1 Gbit/s here is a
+    # top-k that sends every coordinate (its first step delivers the exact average)
+    plan = plan_of()
+    for at in plan["plans"]:
+        for row in at["rows"]:
+            if row["algorithm"] == "ddp-fp16":
+                row.update(candidate="topk_allgather d=1", algorithm="topk_allgather",
+                           settings={"density": 1.0})
+    goodputs = [12.5e6 / 8, 14e6 / 8, 500e6 / 8]
+    results = run_ranks(auto_workers.register_then_replan, 2, plan, goodputs, 0.9)
+    for r in results:
+        assert r["algorithms"] == ["hitopk", "hitopk", "topk_allgather"]
+        assert r["events"][1]["switched_to"] == "topk_allgather d=1"
+        assert r["auto"]["handed_over"]["how"] == "flushed densely"
+        assert r["auto"]["handed_over"]["buckets"] >= 1
+    # the reference: step 3 (the new state's first, its velocities fresh) delivers the ranks'
+    # dense average of their own gradients plus the averaged residuals held at the switch
+    held = results[0]["flush_refs"][1]
+    torch.testing.assert_close(held, results[1]["flush_refs"][1])
+    assert held.abs().sum() > 0  # hitopk held mass back
+    expected = (results[0]["own"][2] + results[1]["own"][2]) / 2 + held
+    for r in results:
+        torch.testing.assert_close(r["synced"][2], expected, rtol=1e-5, atol=1e-5)
+        # and once: step 4 is the plain average (every coordinate sent, its velocity masked)
+        torch.testing.assert_close(r["synced"][3], (results[0]["own"][3] +
+                                                    results[1]["own"][3]) / 2)
+
+
 def test_a_timed_replan_checks_only_where_rank_0_says_it_is_due():
     results = run_ranks(auto_workers.timed_replan, 2, plan_of())
     for answers in results:
