@@ -75,6 +75,16 @@ def test_results_without_auto_are_refused(tmp_path):
         auto_grid.judge(argparse.Namespace(results=[str(tmp_path / "x.json")], json=None))
 
 
+def test_by_setting_names_powersgd_from_another_start_apart():
+    run = dict(_run("powersgd", "25mbit", 9.0), powersgd_rank=4)
+    assert auto_grid.label(run, by_setting=True) == "powersgd r=4"  # PyTorch's start (2)
+    run["setting"] = {"powersgd_start_iter": 2}
+    assert auto_grid.label(run, by_setting=True) == "powersgd r=4"
+    run["setting"] = {"powersgd_start_iter": 0}
+    assert auto_grid.label(run, by_setting=True) == "powersgd r=4 start=0"
+    assert auto_grid.label(run) == "powersgd"
+
+
 def test_by_setting_gives_each_rank_and_density_its_own_geometric_mean(tmp_path):
     def run(algorithm, rate, t, **setting):
         return dict(_run(algorithm, rate, t), **setting)

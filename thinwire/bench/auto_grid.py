@@ -11,7 +11,7 @@ target counts at its budget in the geometric means (a lower bound of its time: t
 flatters it) and is marked. Nothing here measures: it reads results.
 
 ``--by-setting`` names each fixed run by its setting as well (``powersgd r=1``, ``hitopk
-d=0.01``), so that races of one method at several ranks or densities (separate ``compare``
+d=0.01``, ``powersgd r=4 start=0`` where PowerSGD compressed before PyTorch's step 2), so that races of one method at several ranks or densities (separate ``compare``
 runs, ``--powersgd-rank``/``--density``) give each its own geometric mean: the issue's
 "PowerSGD at its best rank, hitopk at its best fixed density". Without auto in the results,
 each cell's row names the fastest setting.
@@ -32,6 +32,7 @@ import statistics
 from pathlib import Path
 
 from thinwire.bench.report import format_table, save_if_asked
+from thinwire.train.grad_sync import POWERSGD_START_ITER
 from thinwire.train.run_groups import rate_bps  # "none" (unshaped) sorts last
 
 WITHIN = 1.10    # auto within 10% of the fastest fixed choice...
@@ -48,7 +49,10 @@ def label(run: dict, by_setting: bool = False) -> str:
     if not by_setting or algorithm == "auto":
         return algorithm
     if algorithm == "powersgd" and run.get("powersgd_rank") is not None:
-        return f"powersgd r={run['powersgd_rank']}"
+        start = (run.get("setting") or {}).get("powersgd_start_iter", POWERSGD_START_ITER)
+        # a start other than PyTorch's is a candidate of its own (its steps differ)
+        return f"powersgd r={run['powersgd_rank']}" + \
+            ("" if start == POWERSGD_START_ITER else f" start={start}")
     if algorithm in collectives.names() and collectives.get(algorithm).sparse and \
             run.get("density") is not None:
         return f"{algorithm} d={run['density']:g}"
