@@ -102,17 +102,35 @@ def test_a_check_is_due_every_so_many_seconds_of_training():
     assert not off.due(_curve((2, 1e9)))
 
 
+def _paced(planner, curve, *step_s):
+    """``curve`` extended by one 2-step interval at each pace; ``due`` after each."""
+    answers = []
+    for pace in step_s:
+        curve += _curve((curve[-1]["step"] + 2, curve[-1]["train_time_s"] + 2 * pace))
+        answers.append(planner.due(curve))
+    return answers
+
+
 @pytest.mark.parametrize("then", [2.0, 0.1])  # 4x slower, or 5x faster
-def test_a_jump_in_the_pace_of_steps_makes_a_check_due_at_once(then):
+def test_a_lasting_jump_in_the_pace_of_steps_makes_a_check_due_at_its_second_interval(then):
     cfg = TrainConfig(algorithm="auto", plan_from="x.json", replan_every_s=100.0,
                       replan_share=0.3)
     planner = replan.Replanner(cfg, {"probe": {"goodput_Bps": 1e7}, "choice": "allreduce"})
-    curve = _curve((2, 1.0), (4, 2.0))  # 0.5 s a step: the pace the plan is compared with
-    assert not planner.due(curve)
-    curve += _curve((6, 2.0 + 2 * 0.6))  # +20%: inside the share
-    assert not planner.due(curve)
-    curve += _curve((8, curve[-1]["train_time_s"] + 2 * then))
-    assert planner.due(curve)
+    curve = _curve((0, 0.0))
+    # 0.4 and 0.6 s a step: the reference, 0.5; then +20%, inside the share
+    assert _paced(planner, curve, 0.4, 0.6, 0.6) == [False, False, False]
+    assert _paced(planner, curve, then, then) == [False, True]
+
+
+def test_one_interval_past_the_share_or_two_different_ways_are_noise():
+    cfg = TrainConfig(algorithm="auto", plan_from="x.json", replan_every_s=100.0,
+                      replan_share=0.3)
+    planner = replan.Replanner(cfg, {"probe": {"goodput_Bps": 1e7}, "choice": "allreduce"})
+    curve = _curve((0, 0.0))
+    assert _paced(planner, curve, 0.5, 0.5, 0.8, 0.5, 0.3, 0.5, 0.8, 0.3, 0.8) == [False] * 9
+    # a check starts afresh: the interval holding it is skipped, then a new reference
+    planner.restart_pace()
+    assert _paced(planner, curve, 5.0, 1.0, 1.0, 1.0, 1.0) == [False] * 5
 
 
 @pytest.mark.parametrize("field, value, message", [

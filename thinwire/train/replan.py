@@ -46,6 +46,13 @@ from thinwire.train import auto, grad_sync, modes
 log = logging.getLogger(__name__)
 
 RECHECK_REPEATS = 1
+# The pace trigger: the reference is the pace over this many evaluation intervals after a
+# check, and a check is due where this many intervals in a row moved past the share the same
+# way. One interval of compare's MNIST is 2 steps, whose pace moves 30% by itself on a busy
+# host: one interval fired 25 checks on the steady links of the recorded races (0.4 s each at
+# 25 Mbit/s, a tenth of a run), two fire 4; a real fall is seen one interval later.
+PACE_REFERENCE_INTERVALS = 2
+PACE_CONFIRM_INTERVALS = 2
 # a run past its predicted steps to target has this share of them left, for weighing a switch
 MIN_LEFT_SHARE = 0.1
 
@@ -66,16 +73,20 @@ class Replanner:
         self.current = info["choice"]
         self.current_settings = info.get("settings")  # what --resume needs to run it again
         self.checked_at_s = 0.0
-        self.pace: float | None = None  # seconds a step at the last check (or switch)
+        # seconds a step of each clean interval since the last check (or switch): the first
+        # PACE_REFERENCE_INTERVALS make the reference, the later ones are compared with it
+        self.paces: list[float] = []
+        self._moved: list[int] = []  # each compared interval's way past the share (+1/-1/0)
         self.events: list[dict] = []  # every check and switch, for the summary
         self._leaders = None  # the node leaders' group, made at the first check and kept
         self._answers = None  # every rank's group for rank 0's answer, likewise
 
     def due(self, curve: list[dict]) -> bool:
         """After an evaluation (``curve``: the run's, the same on every rank): every
-        ``every_s`` seconds of training, and at once where the last evaluation interval's pace
-        (seconds a step) moved by more than the share from the pace at the last check, which
-        is how a link change shows first."""
+        ``every_s`` seconds of training, and at once where the pace (seconds a step) of the
+        last ``PACE_CONFIRM_INTERVALS`` evaluation intervals moved by more than the share,
+        the same way, from the pace after the last check, which is how a link change shows
+        first (one interval alone is the host's noise as often as the link)."""
         if self.every_s <= 0 or not curve:
             return False
         now = curve[-1]
@@ -87,18 +98,27 @@ class Replanner:
         if self._skip_interval:  # it holds the last check's probe, plan and switch
             self._skip_interval = False
             return False
-        if self.pace is None:  # the first clean interval since the last check or switch
-            self.pace = pace
+        if len(self.paces) < PACE_REFERENCE_INTERVALS:  # the reference since the last check
+            self.paces.append(pace)
             return False
-        return not (1 + self.share) ** -1 <= pace / self.pace <= 1 + self.share
+        ratio = pace * len(self.paces) / sum(self.paces)
+        self._moved.append(1 if ratio > 1 + self.share else
+                           -1 if ratio < 1 / (1 + self.share) else 0)
+        last = self._moved[-PACE_CONFIRM_INTERVALS:]
+        return len(last) == PACE_CONFIRM_INTERVALS and last[0] != 0 and \
+            all(way == last[0] for way in last)
+
+    def restart_pace(self) -> None:
+        """After a check: the next interval holds its probe, plan and switch and is skipped;
+        the reference pace is measured again after it (a switch changes it too)."""
+        self.paces, self._moved, self._skip_interval = [], [], True
 
     def check(self, train_time_s: float, step: int) -> dict | None:
         """Probe; where the goodput moved by more than the share, plan again (rank 0) and
         return the new choice's settings where it differs from the current one (collective:
         every rank gets the same answer)."""
         self.checked_at_s = train_time_s
-        self.pace = None  # measured again after the next interval (a switch changes it too)
-        self._skip_interval = True
+        self.restart_pace()
         began = time.perf_counter()
         if self._leaders is None:
             self._leaders = link_probe.node_leaders_group(self.cfg.ranks_per_node,
