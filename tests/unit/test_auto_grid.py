@@ -83,6 +83,9 @@ def test_by_setting_names_powersgd_from_another_start_apart():
     run["setting"] = {"powersgd_start_iter": 0}
     assert auto_grid.label(run, by_setting=True) == "powersgd r=4 start=0"
     assert auto_grid.label(run) == "powersgd"
+    assert auto_grid._choice({"choice": "powersgd rank=4 powersgd_start_iter=0", "settings": {
+        "algorithm": "powersgd", "powersgd_start_iter": 0}}) == "powersgd start=0"
+    assert auto_grid._choice({"choice": "hitopk d=0.05", "settings": {}}) == "hitopk"
 
 
 def test_by_setting_gives_each_rank_and_density_its_own_geometric_mean(tmp_path):

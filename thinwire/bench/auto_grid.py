@@ -138,6 +138,13 @@ def _time(run: dict) -> tuple[float | None, bool]:
     return (float(budget) if budget else None), True
 
 
+def _choice(record: dict) -> str:
+    """What auto chose, short: the algorithm, and PowerSGD's start where it is not PyTorch's."""
+    choice = (record.get("choice") or "?").split(" ")[0]
+    start = (record.get("settings") or {}).get("powersgd_start_iter")
+    return choice if start in (None, POWERSGD_START_ITER) else f"{choice} start={start}"
+
+
 def cell_row(key: tuple, runs: dict) -> dict | None:
     workload, shape, rate, *seed = key
     auto = runs.get("auto")
@@ -156,7 +163,7 @@ def cell_row(key: tuple, runs: dict) -> dict | None:
             **({"seed": seed[0]} if seed else {}),
             **({"seeds": ",".join(map(str, auto["seeds"]))} if "seeds" in auto else {}),
             "auto_s": None if auto_missed else auto_s,
-            "auto_choice": (record.get("choice") or "?").split(" ")[0],
+            "auto_choice": _choice(record),
             "fastest": fastest, "fastest_s": reached.get(fastest),
             "vs_fastest": None if ratio is None or math.isinf(ratio) else ratio,
             "auto_missed": auto_missed,
