@@ -35,6 +35,7 @@ BENCH_MODULES = [
     "thinwire.bench.steps_between",
     "thinwire.bench.intra_probe",
     "thinwire.bench.powersgd_start",
+    "thinwire.bench.pace_trigger",
     "thinwire.bench.ddp_auto_replan",
 ]
 

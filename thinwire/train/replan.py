@@ -18,10 +18,10 @@ does not send). The mass is delivered or held (tested: applied + held = the dens
 through a switch either way), and the switch sends nothing of its own (a dense flush would
 cost an all-reduce of the model, about a dense step: seconds at 25 Mbit/s, just where a switch
 to a compressed algorithm pays). With momentum correction the residuals are flushed densely
-(DGC's velocity would otherwise count them again at every step they stay unsent). The new choice starts compressing at once:
-PowerSGD's dense warm-up steps are not run again. A switch is ranked by the plan without
-warm-ups (:func:`thinwire.train.auto.mid_run_s`) and made where it promises
-``SWITCH_MIN_GAIN``; the seconds it saves in the steps left are recorded
+(DGC's velocity would otherwise count them again at every step they stay unsent). The new
+choice starts compressing at once: PowerSGD's dense warm-up steps are not run again. A switch
+is ranked by the plan without warm-ups (:func:`thinwire.train.auto.mid_run_s`) and made where it
+promises ``SWITCH_MIN_GAIN``; the seconds it saves in the steps left are recorded
 (:func:`weigh_switch`). The new synchronisation is a new DDP wrapper around the same module
 (DDP takes one communication hook for its life); the optimizer, its momentum and the schedule
 go on. Momentum correction's velocities are dropped. DiLoCo candidates are left out mid-run
@@ -49,8 +49,9 @@ RECHECK_REPEATS = 1
 # The pace trigger: the reference is the pace over this many evaluation intervals after a
 # check, and a check is due where this many intervals in a row moved past the share the same
 # way. One interval of compare's MNIST is 2 steps, whose pace moves 30% by itself on a busy
-# host: one interval fired 25 checks on the steady links of the recorded races (0.4 s each at
-# 25 Mbit/s, a tenth of a run), two fire 4; a real fall is seen one interval later.
+# host: replayed over the recorded races (`thinwire bench pace-trigger`, docs/results.md), one
+# interval fires a check (0.4 s at 25 Mbit/s) on steady links many times more often than two;
+# a real fall is seen at most one interval later.
 PACE_REFERENCE_INTERVALS = 2
 PACE_CONFIRM_INTERVALS = 2
 # a run past its predicted steps to target has this share of them left, for weighing a switch
@@ -77,6 +78,9 @@ class Replanner:
         # PACE_REFERENCE_INTERVALS make the reference, the later ones are compared with it
         self.paces: list[float] = []
         self._moved: list[int] = []  # each compared interval's way past the share (+1/-1/0)
+        # the trigger's interval counts (a replay of recorded curves may try others)
+        self.reference_intervals = PACE_REFERENCE_INTERVALS
+        self.confirm_intervals = PACE_CONFIRM_INTERVALS
         self.events: list[dict] = []  # every check and switch, for the summary
         self._leaders = None  # the node leaders' group, made at the first check and kept
         self._answers = None  # every rank's group for rank 0's answer, likewise
@@ -98,14 +102,14 @@ class Replanner:
         if self._skip_interval:  # it holds the last check's probe, plan and switch
             self._skip_interval = False
             return False
-        if len(self.paces) < PACE_REFERENCE_INTERVALS:  # the reference since the last check
+        if len(self.paces) < self.reference_intervals:  # the reference since the last check
             self.paces.append(pace)
             return False
         ratio = pace * len(self.paces) / sum(self.paces)
         self._moved.append(1 if ratio > 1 + self.share else
                            -1 if ratio < 1 / (1 + self.share) else 0)
-        last = self._moved[-PACE_CONFIRM_INTERVALS:]
-        return len(last) == PACE_CONFIRM_INTERVALS and last[0] != 0 and \
+        last = self._moved[-self.confirm_intervals:]
+        return len(last) == self.confirm_intervals and last[0] != 0 and \
             all(way == last[0] for way in last)
 
     def restart_pace(self) -> None:
