@@ -26,6 +26,8 @@ def test_a_link_that_speeds_up_switches_hitopk_to_allreduce_and_flushes(tmp_path
     checks = replanning["checks"]
     assert [c["step"] for c in checks] == [2, 4, 6]
     assert "kept" in checks[0] and abs(checks[0]["change"]) < 1e-9
+    # what each check cost the run (probe, plan and switch), for replays of its curve
+    assert all(c["took_s"] >= c.get("probe_s", 0.0) > 0 for c in checks)
     assert checks[1]["switched_from"].startswith("hitopk")
     assert checks[1]["switched_to"].startswith("allreduce") and checks[1]["change"] > 10
     weighed = checks[1]["weighed"]  # the seconds saved in the steps left, recorded

@@ -131,6 +131,11 @@ def test_one_interval_past_the_share_or_two_different_ways_are_noise():
     # a check starts afresh: the interval holding it is skipped, then a new reference
     planner.restart_pace()
     assert _paced(planner, curve, 5.0, 1.0, 1.0, 1.0, 1.0) == [False] * 5
+    # one interval past the share before a check and one after it are not two in a row
+    assert _paced(planner, curve, 2.0) == [False]
+    planner.restart_pace()
+    assert _paced(planner, curve, 1.0, 1.0, 1.0, 2.0) == [False] * 4
+    assert _paced(planner, curve, 2.0) == [True]  # the second in a row after the check
 
 
 @pytest.mark.parametrize("field, value, message", [

@@ -107,8 +107,7 @@ def over_seeds(cells: dict) -> dict:
                       "status": "missed" if missed else "ok",
                       "time_to_target_s": None if missed else median, "budget_s": median}
             if name == "auto":
-                choices = [((r.get("auto") or {}).get("choice") or "?").split(" ")[0]
-                           for r in runs]
+                choices = [_choice(r.get("auto") or {}) for r in runs]
                 bounds = {str((r.get("auto") or {}).get("probe", {}).get("bound_by"))
                           for r in runs}
                 verdicts = {str((r.get("fidelity") or {}).get("verdict")) for r in runs}

@@ -6,15 +6,16 @@ of recorded races (issue 31).
 auto probes the link again (:mod:`thinwire.train.replan`) on its clock and where the pace of
 steps moved by more than ``--replan-share``; each probe costs training time (about 0.4 s at
 25 Mbit/s), so a trigger that fires on the host's noise costs as much as one that misses a
-change. This feeds each recorded auto run's evaluation curve to the real
-``Replanner.due`` (its clock off: the pace alone), with the time the run's own checks and
-switches took taken out of the curve, for each pair of interval counts asked for (the
-reference's, and how many intervals in a row must move past the share), and counts what
-fires: on runs whose link never changed (a noise check is pure cost) and on runs under a
-``--bandwidth-schedule`` (where the first check after the fall is the one that matters; after
-a recorded switch the curve is another algorithm's pace, so what a rule fires there is not
-what it would have met). The replay has no clock: each rule reproduces the pace checks
-recorded by the code that had it, not the clock's.
+change. This feeds each recorded auto run's evaluation curve to the real ``Replanner.due``
+(its clock too, each check restarting the trigger as in the run), with the time the run's
+own checks and switches took taken out of the curve, for each pair of interval counts asked
+for (the reference's, and how many intervals in a row must move past the share), and counts
+what fires: on runs whose link never changed (a noise check is pure cost) and on runs under a
+bandwidth or failure schedule (where the first check after the change is the one that
+matters; after a recorded switch the curve is another algorithm's pace, so what a rule fires
+there is not what it would have met). The summary counts the pace's checks (the noise is
+theirs) and the runs whose recorded checks a rule reproduces step for step (the clock runs
+on the cleaned curve, so a check near its period may fall one evaluation apart).
 Nothing is raced: it reads results.
 """
 
@@ -28,14 +29,18 @@ from thinwire.bench.report import format_table, save_if_asked
 
 def cleaned_curve(run: dict) -> list[dict]:
     """The run's curve with the seconds its re-checks and switches took taken out of every
-    later point (they count as training time in the run; a replay asks about the pace alone)."""
+    later point (they count as training time in the run; a replay asks about the pace alone):
+    each check's ``took_s`` where recorded (all of it), else its probe and plan and the
+    switch's own time (older records; a check whose probe failed recorded no time)."""
     replanning = (run.get("auto") or {}).get("replanning") or {}
     spent: dict[int, float] = {}
-    for check in replanning.get("checks", []):  # a check that planned: probe and plan
-        took = check.get("probe_and_plan_s") or check.get("probe_s", 0.0)
+    for check in replanning.get("checks", []):
+        took = check.get("took_s")
+        if took is None:
+            took = check.get("probe_and_plan_s") or check.get("probe_s", 0.0)
+            took += sum(s.get("switch_s", 0.0) for s in replanning.get("switches", [])
+                        if s["step"] == check["step"])
         spent[check["step"]] = spent.get(check["step"], 0.0) + took
-    for switch in replanning.get("switches", []):
-        spent[switch["step"]] = spent.get(switch["step"], 0.0) + switch.get("switch_s", 0.0)
     out, taken = [], 0.0
     for point in run.get("curve") or []:
         out.append({"step": point["step"], "train_time_s": point["train_time_s"] - taken})
@@ -43,21 +48,25 @@ def cleaned_curve(run: dict) -> list[dict]:
     return out
 
 
-def replay(curve: list[dict], share: float, reference: int, confirm: int) -> list[int]:
-    """The steps at which the pace trigger (``reference`` and ``confirm`` intervals) fires
-    along ``curve``, a check restarting it each time (the loop asks after every evaluation but
-    the last)."""
+def replay(curve: list[dict], share: float, reference: int, confirm: int,
+           every_s: float = float("inf")) -> list[tuple[int, str]]:
+    """The checks the trigger (``reference`` and ``confirm`` intervals, the clock every
+    ``every_s`` seconds) makes along ``curve``: (step, "pace" or "clock"), each restarting it
+    as a check does (the loop asks after every evaluation but the last)."""
     from thinwire.train.config import TrainConfig
     from thinwire.train.replan import Replanner
 
-    cfg = TrainConfig(algorithm="auto", plan_from="-", replan_every_s=float("inf"),
+    cfg = TrainConfig(algorithm="auto", plan_from="-", replan_every_s=every_s,
                       replan_share=share)
     planner = Replanner(cfg, {"probe": {"goodput_Bps": 1.0}, "choice": "-"})
     planner.reference_intervals, planner.confirm_intervals = reference, confirm
     fired = []
     for end in range(1, len(curve)):  # none at the last evaluation: the run ends there
+        now = curve[end - 1]
+        clock = now["train_time_s"] - planner.checked_at_s >= every_s
         if planner.due(curve[:end]):
-            fired.append(curve[end - 1]["step"])
+            fired.append((now["step"], "clock" if clock else "pace"))
+            planner.checked_at_s = now["train_time_s"]
             planner.restart_pace()
     return fired
 
@@ -67,7 +76,9 @@ def replayed_runs(paths: list[str], rules: list[tuple[int, int]]) -> list[dict]:
     for path in paths:
         results = json.loads(Path(path).read_text(encoding="utf-8"))
         setting = results.get("setting") or {}
-        schedule = (setting.get("resources") or {}).get("bandwidth_schedule")
+        resources = setting.get("resources") or {}
+        # a link that changes while the run trains: rates, or nodes lost and back
+        schedule = resources.get("bandwidth_schedule") or resources.get("failure_schedule")
         for run in results.get("runs", []):
             if run.get("algorithm") != "auto" or not run.get("curve"):
                 continue
@@ -80,23 +91,31 @@ def replayed_runs(paths: list[str], rules: list[tuple[int, int]]) -> list[dict]:
                    "schedule": bool(schedule),
                    "recorded": [c["step"] for c in replanning.get("checks", [])]}
             for reference, confirm in rules:
-                row[f"ref{reference}_confirm{confirm}"] = replay(
-                    curve, replanning.get("share", 0.3), reference, confirm)
+                fired = replay(curve, replanning.get("share", 0.3), reference, confirm,
+                               replanning.get("every_s") or float("inf"))
+                row[f"ref{reference}_confirm{confirm}"] = [s for s, _ in fired]
+                row[f"ref{reference}_confirm{confirm}_pace"] = \
+                    [s for s, why in fired if why == "pace"]
             rows.append(row)
     return rows
 
 
 def summary(rows: list[dict], rules: list[tuple[int, int]]) -> list[dict]:
-    """Per rule: the checks fired on steady links and under schedules."""
+    """Per rule: the pace checks fired on steady links and under schedules (the clock's are
+    the same for every rule but where a pace check moved it), and how many runs' recorded
+    checks the rule reproduces (all checks, the clock's too)."""
     out = []
     for reference, confirm in rules:
         key = f"ref{reference}_confirm{confirm}"
         out.append({"rule": key, "reference_intervals": reference,
                     "confirm_intervals": confirm,
                     "steady_runs": sum(not r["schedule"] for r in rows),
-                    "fired_steady": sum(len(r[key]) for r in rows if not r["schedule"]),
+                    "fired_steady": sum(len(r[key + "_pace"]) for r in rows
+                                        if not r["schedule"]),
                     "scheduled_runs": sum(r["schedule"] for r in rows),
-                    "fired_scheduled": sum(len(r[key]) for r in rows if r["schedule"])})
+                    "fired_scheduled": sum(len(r[key + "_pace"]) for r in rows
+                                           if r["schedule"]),
+                    "reproduces_recorded": sum(r[key] == r["recorded"] for r in rows)})
     return out
 
 
@@ -124,7 +143,8 @@ def run(args) -> int:
                          for k, v in row.items()} for row in rows], columns))
     print()
     print(format_table(result["summary"], ["rule", "steady_runs", "fired_steady",
-                                           "scheduled_runs", "fired_scheduled"]))
+                                           "scheduled_runs", "fired_scheduled",
+                                           "reproduces_recorded"]))
     save_if_asked(args.json, result)
     return 0
 

@@ -329,7 +329,10 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
                 switches.append({"step": step, "to": replanner.current,
                                  "handed_over": handed_over,
                                  "switch_s": time.perf_counter() - switch_began})
-        metrics.add_overhead(time.perf_counter() - began)
+        took = time.perf_counter() - began
+        metrics.add_overhead(took)
+        if replanner.events:  # check() records one event each time, whatever it found
+            replanner.events[-1]["took_s"] = took  # probe, plan and switch: what it cost
 
     if rank == 0:
         say_training_started()

@@ -4,7 +4,8 @@ at the new rate and the run switches to its choice.
 
 When: right after an evaluation (every rank is there at the same step) once ``--replan-every-s``
 seconds of training (the slowest rank's, the number every rank shares) have passed since the
-last check. The re-check probes with smaller all-reduces than the first choice (256 KiB and
+last check, and sooner where the pace of steps moved past ``--replan-share`` in two evaluation
+intervals in a row (:meth:`Replanner.due`). The re-check probes with smaller all-reduces than the first choice (256 KiB and
 1 MiB, once each): at 25 Mbit/s it costs about half a second. Its time, the plan's and the
 switch's count as training time: the run's time to target pays for its adaptivity. A re-check
 the host bound (:mod:`thinwire.link_probe`'s verdict: saturated CPUs, a CPU quota, or under 80%
@@ -46,12 +47,14 @@ from thinwire.train import auto, grad_sync, modes
 log = logging.getLogger(__name__)
 
 RECHECK_REPEATS = 1
-# The pace trigger: the reference is the pace over this many evaluation intervals after a
-# check, and a check is due where this many intervals in a row moved past the share the same
-# way. One interval of compare's MNIST is 2 steps, whose pace moves 30% by itself on a busy
-# host: replayed over the recorded races (`thinwire bench pace-trigger`, docs/results.md), one
-# interval fires a check (0.4 s at 25 Mbit/s) on steady links many times more often than two;
-# a real fall is seen at most one interval later.
+# The pace trigger: the reference is the mean pace of this many evaluation intervals after a
+# check (the one holding the check skipped), and a check is due where this many intervals in a
+# row moved past the share the same way. One interval of compare's MNIST is 2 steps, whose pace
+# moves 30% by itself on a busy host: replayed over the recorded races (`thinwire bench
+# pace-trigger`, docs/results.md), one interval fires a check (0.4 s at 25 Mbit/s) on steady
+# links several times more often than two. A lasting change is seen at its second interval
+# once the reference has formed (the fifth interval after a check at the earliest); one inside
+# the reference's intervals is left to the clock.
 PACE_REFERENCE_INTERVALS = 2
 PACE_CONFIRM_INTERVALS = 2
 # a run past its predicted steps to target has this share of them left, for weighing a switch
@@ -88,9 +91,10 @@ class Replanner:
     def due(self, curve: list[dict]) -> bool:
         """After an evaluation (``curve``: the run's, the same on every rank): every
         ``every_s`` seconds of training, and at once where the pace (seconds a step) of the
-        last ``PACE_CONFIRM_INTERVALS`` evaluation intervals moved by more than the share,
-        the same way, from the pace after the last check, which is how a link change shows
-        first (one interval alone is the host's noise as often as the link)."""
+        last ``confirm_intervals`` evaluation intervals moved by more than the share, the same
+        way, from the mean pace of the ``reference_intervals`` after the last check, which is
+        how a link change shows first (one interval alone is the host's noise as often as the
+        link)."""
         if self.every_s <= 0 or not curve:
             return False
         now = curve[-1]
@@ -105,10 +109,14 @@ class Replanner:
         if len(self.paces) < self.reference_intervals:  # the reference since the last check
             self.paces.append(pace)
             return False
-        ratio = pace * len(self.paces) / sum(self.paces)
+        reference = sum(self.paces) / len(self.paces)
+        if reference <= 0:  # no time between evaluations: nothing to compare with
+            return False
+        ratio = pace / reference
         self._moved.append(1 if ratio > 1 + self.share else
                            -1 if ratio < 1 / (1 + self.share) else 0)
-        last = self._moved[-self.confirm_intervals:]
+        self._moved = self._moved[-self.confirm_intervals:]
+        last = self._moved
         return len(last) == self.confirm_intervals and last[0] != 0 and \
             all(way == last[0] for way in last)
 
