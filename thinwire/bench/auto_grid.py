@@ -11,10 +11,11 @@ target counts at its budget in the geometric means (a lower bound of its time: t
 flatters it) and is marked. Nothing here measures: it reads results.
 
 ``--by-setting`` names each fixed run by its setting as well (``powersgd r=1``, ``hitopk
-d=0.01``, ``powersgd r=4 start=0`` where PowerSGD compressed before PyTorch's step 2), so that races of one method at several ranks or densities (separate ``compare``
-runs, ``--powersgd-rank``/``--density``) give each its own geometric mean: the issue's
-"PowerSGD at its best rank, hitopk at its best fixed density". Without auto in the results,
-each cell's row names the fastest setting.
+d=0.01``, ``powersgd r=4 start=0`` where PowerSGD compressed before PyTorch's step 2), so that
+races of one method at several ranks or densities (separate ``compare`` runs,
+``--powersgd-rank``/``--density``) give each its own geometric mean: the issue's "PowerSGD at
+its best rank, hitopk at its best fixed density". Without auto in the results, each cell's row
+names the fastest setting.
 
 ``--over-seeds`` reads races of the same cells at several seeds (one ``compare --seed S`` each):
 every (cell, seed) is judged on its own, and each cell again by every algorithm's median time

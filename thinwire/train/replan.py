@@ -5,12 +5,12 @@ at the new rate and the run switches to its choice.
 When: right after an evaluation (every rank is there at the same step) once ``--replan-every-s``
 seconds of training (the slowest rank's, the number every rank shares) have passed since the
 last check, and sooner where the pace of steps moved past ``--replan-share`` in two evaluation
-intervals in a row (:meth:`Replanner.due`). The re-check probes with smaller all-reduces than the first choice (256 KiB and
-1 MiB, once each): at 25 Mbit/s it costs about half a second. Its time, the plan's and the
-switch's count as training time: the run's time to target pays for its adaptivity. A re-check
-the host bound (:mod:`thinwire.link_probe`'s verdict: saturated CPUs, a CPU quota, or under 80%
-of the emulator's configured rate) is no evidence of the link: the run keeps its choice and the
-check records why.
+intervals in a row (:meth:`Replanner.due`). The re-check probes with smaller all-reduces than
+the first choice (256 KiB and 1 MiB, once each): at 25 Mbit/s it costs about half a second. Its
+time, the plan's and the switch's count as training time: the run's time to target pays for its
+adaptivity. A re-check the host bound (:mod:`thinwire.link_probe`'s verdict: saturated CPUs, a
+CPU quota, or under 80% of the emulator's configured rate) is no evidence of the link: the run
+keeps its choice and the check records why.
 
 The switch (:func:`switch`): the residuals a sparse algorithm (or PowerSGD) holds back mean
 the coordinates of its own buckets and settings, so each rank hands its own over: added to its
