@@ -129,11 +129,11 @@ def test_one_interval_past_the_share_or_two_different_ways_are_noise():
     curve = _curve((0, 0.0))
     assert _paced(planner, curve, 0.5, 0.5, 0.8, 0.5, 0.3, 0.5, 0.8, 0.3, 0.8) == [False] * 9
     # a check starts afresh: the interval holding it is skipped, then a new reference
-    planner.restart_pace()
+    planner.restart(curve[-1]["train_time_s"])
     assert _paced(planner, curve, 5.0, 1.0, 1.0, 1.0, 1.0) == [False] * 5
     # one interval past the share before a check and one after it are not two in a row
     assert _paced(planner, curve, 2.0) == [False]
-    planner.restart_pace()
+    planner.restart(curve[-1]["train_time_s"])
     assert _paced(planner, curve, 1.0, 1.0, 1.0, 2.0) == [False] * 4
     assert _paced(planner, curve, 2.0) == [True]  # the second in a row after the check
 

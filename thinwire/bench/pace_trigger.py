@@ -66,8 +66,7 @@ def replay(curve: list[dict], share: float, reference: int, confirm: int,
         clock = now["train_time_s"] - planner.checked_at_s >= every_s
         if planner.due(curve[:end]):
             fired.append((now["step"], "clock" if clock else "pace"))
-            planner.checked_at_s = now["train_time_s"]
-            planner.restart_pace()
+            planner.restart(now["train_time_s"])
     return fired
 
 

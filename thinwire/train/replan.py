@@ -120,17 +120,18 @@ class Replanner:
         return len(last) == self.confirm_intervals and last[0] != 0 and \
             all(way == last[0] for way in last)
 
-    def restart_pace(self) -> None:
-        """After a check: the next interval holds its probe, plan and switch and is skipped;
-        the reference pace is measured again after it (a switch changes it too)."""
+    def restart(self, train_time_s: float) -> None:
+        """A check at ``train_time_s``: the clock counts from it; the next interval holds its
+        probe, plan and switch and is skipped; the reference pace is measured again after it
+        (a switch changes it too)."""
+        self.checked_at_s = train_time_s
         self.paces, self._moved, self._skip_interval = [], [], True
 
     def check(self, train_time_s: float, step: int) -> dict | None:
         """Probe; where the goodput moved by more than the share, plan again (rank 0) and
         return the new choice's settings where it differs from the current one (collective:
         every rank gets the same answer)."""
-        self.checked_at_s = train_time_s
-        self.restart_pace()
+        self.restart(train_time_s)
         began = time.perf_counter()
         if self._leaders is None:
             self._leaders = link_probe.node_leaders_group(self.cfg.ranks_per_node,
