@@ -185,3 +185,34 @@ def test_a_race_with_a_failure_is_a_cell_of_its_own_too():
     assert cell_rate({"inter_node_bandwidth": "100mbit"},
                      {"resources": {"failure_schedule": "node1@5s"}}) == \
         "100mbit fail node1@5s"
+
+
+def _curve(step_ms):
+    """Evaluations every 2 steps, each interval taking its entry of ``step_ms`` a step."""
+    curve, t = [{"step": 0, "train_time_s": 0.0}], 0.0
+    for i, ms in enumerate(step_ms):
+        t += 2 * ms / 1000
+        curve.append({"step": 2 * (i + 1), "train_time_s": t})
+    return curve
+
+
+def test_a_switch_shows_auto_s_step_time_after_it_beside_the_new_algorithm_s_own(tmp_path):
+    auto = _run("auto", "200mbit", 10.0, "hitopk d=0.05")
+    auto["auto"]["replanning"] = {
+        "checks": [{"step": 4, "took_s": 0.5}, {"step": 8, "took_s": 0.25}],
+        "switches": [{"step": 4, "to": "powersgd rank=4"}]}
+    # hitopk, then the interval holding the check (not counted), then PowerSGD's steps
+    auto["curve"] = _curve([200, 200, 450, 300, 310, 330])
+    own = dict(_run("powersgd", "200mbit", 9.0), curve=_curve([500, 250, 250, 240, 260, 250]))
+    path = _results(tmp_path, "s", "mnist", [auto, own, _run("hitopk", "200mbit", 11.0)])
+    [row] = auto_grid.judge(argparse.Namespace(results=[path], json=None))["rows"]
+    assert row["switched_at"] == 4 and row["checks_s"] == pytest.approx(0.75)
+    assert row["after_switch_ms"] == pytest.approx(310)      # steps 6-12: 300, 310, 330
+    assert row["own_after_switch_ms"] == pytest.approx(250)  # the same steps: 240, 260, 250
+
+
+def test_a_run_without_a_switch_has_no_switch_columns(tmp_path):
+    path = _results(tmp_path, "n", "mnist", [_run("auto", "25mbit", 10.0, "hitopk"),
+                                             _run("hitopk", "25mbit", 10.0)])
+    [row] = auto_grid.judge(argparse.Namespace(results=[path], json=None))["rows"]
+    assert "switched_at" not in row and "after_switch_ms" not in row

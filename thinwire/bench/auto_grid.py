@@ -23,6 +23,10 @@ over its seeds (a miss counts as slower than any time: a median that falls on a 
 Where a workload's steps to target vary by seed more than its candidates differ (the LM), one
 seed's fastest is partly the luck of that seed, which no choice made before the run can see;
 the medians say which choice is fastest to expect.
+
+Where auto switched during a race (a changing link), its row also says at which step, what
+its checks cost the run, and its median step time after the switch beside the switched-to
+algorithm's own run over the same steps (:func:`after_switch`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import math
 import statistics
 from pathlib import Path
 
+from thinwire.bench.pace_trigger import check_seconds
 from thinwire.bench.report import format_table, save_if_asked
 from thinwire.train.grad_sync import POWERSGD_START_ITER
 from thinwire.train.run_groups import rate_bps  # "none" (unshaped) sorts last
@@ -145,6 +150,34 @@ def _choice(record: dict) -> str:
     return choice if start in (None, POWERSGD_START_ITER) else f"{choice} start={start}"
 
 
+def _median_pace_ms(run: dict, after_step: int) -> float | None:
+    """The median milliseconds a step of ``run``'s evaluation intervals that begin after
+    ``after_step`` (None: no such interval)."""
+    curve = run.get("curve") or []
+    paces = [1000 * (b["train_time_s"] - a["train_time_s"]) / (b["step"] - a["step"])
+             for a, b in zip(curve, curve[1:]) if b["step"] > a["step"] > after_step]
+    return statistics.median(paces) if paces else None
+
+
+def after_switch(auto: dict, runs: dict) -> dict:
+    """Where auto switched: the step, what its checks cost the run (probe, plan and switch),
+    and its median step time after the switch (from the interval after the one that held the
+    check) beside the median of the switched-to algorithm's own run over the same steps,
+    where the cell raced it (one run of that algorithm): a switch that leaves the new
+    synchronisation slower than its own run shows here."""
+    replanning = (auto.get("auto") or {}).get("replanning") or {}
+    switches = replanning.get("switches") or []
+    if not switches:
+        return {}
+    step = switches[0]["step"]
+    to = str(switches[0].get("to") or "").split(" ")[0]
+    own = [r for r in runs.values() if r.get("algorithm") == to]
+    return {"switched_at": step,
+            "checks_s": sum(check_seconds(auto).values()),
+            "after_switch_ms": _median_pace_ms(auto, step),
+            "own_after_switch_ms": _median_pace_ms(own[0], step) if len(own) == 1 else None}
+
+
 def cell_row(key: tuple, runs: dict) -> dict | None:
     workload, shape, rate, *seed = key
     auto = runs.get("auto")
@@ -170,6 +203,7 @@ def cell_row(key: tuple, runs: dict) -> dict | None:
             "within_10pct": ratio is not None and ratio <= WITHIN,
             "probe_bound_by": (record.get("probe") or {}).get("bound_by"),
             "fidelity": (auto.get("fidelity") or {}).get("verdict"),
+            **after_switch(auto, runs),
             **{f"{a}_s": (None if missed else t) for a, (t, missed) in sorted(fixed.items())}}
 
 
@@ -205,6 +239,9 @@ ROW_COLUMNS = ["workload", "shape", "rate", "auto_s", "auto_choice", "fastest", 
                "vs_fastest", "probe_bound_by", "fidelity"]
 
 
+SWITCH_COLUMNS = ["switched_at", "checks_s", "after_switch_ms", "own_after_switch_ms"]
+
+
 def cell_rate(run: dict, setting: dict) -> str:
     """The cell's rate: the run's link rate, and where the link changed during the race (a
     bandwidth schedule, a node failure) what changed it: such a race is a cell of its own."""
@@ -235,6 +272,8 @@ def _judged(cells: dict, columns: list[str]) -> dict:
         raise ValueError("--results hold no cell with an auto run and a fixed choice (give "
                          "--by-setting to compare settings without auto)")
     result = {"rows": rows, "summary": summary(cells, rows)}
+    if any("switched_at" in r for r in rows):
+        columns = columns + SWITCH_COLUMNS
     print(format_table(rows, columns))
     print()
     print(format_table(result["summary"], ["algorithm", "cells", "missed", "geomean_s"]))

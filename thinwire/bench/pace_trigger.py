@@ -27,11 +27,10 @@ from pathlib import Path
 from thinwire.bench.report import format_table, save_if_asked
 
 
-def cleaned_curve(run: dict) -> list[dict]:
-    """The run's curve with the seconds its re-checks and switches took taken out of every
-    later point (they count as training time in the run; a replay asks about the pace alone):
-    each check's ``took_s`` where recorded (all of it), else its probe and plan and the
-    switch's own time (older records; a check whose probe failed recorded no time)."""
+def check_seconds(run: dict) -> dict[int, float]:
+    """The seconds auto's re-checks (and switches) took the run, by step: each check's
+    ``took_s`` where recorded (all of it), else its probe and plan and the switch's own time
+    (older records; a check whose probe failed recorded no time)."""
     replanning = (run.get("auto") or {}).get("replanning") or {}
     spent: dict[int, float] = {}
     for check in replanning.get("checks", []):
@@ -41,6 +40,14 @@ def cleaned_curve(run: dict) -> list[dict]:
             took += sum(s.get("switch_s", 0.0) for s in replanning.get("switches", [])
                         if s["step"] == check["step"])
         spent[check["step"]] = spent.get(check["step"], 0.0) + took
+    return spent
+
+
+def cleaned_curve(run: dict) -> list[dict]:
+    """The run's curve with the seconds its re-checks and switches took
+    (:func:`check_seconds`) taken out of every later point (they count as training time in
+    the run; a replay asks about the pace alone)."""
+    spent = check_seconds(run)
     out, taken = [], 0.0
     for point in run.get("curve") or []:
         out.append({"step": point["step"], "train_time_s": point["train_time_s"] - taken})
