@@ -119,6 +119,15 @@ def test_torchrun_argv_and_env_per_node():
     assert env["EXTRA"] == "5" and env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"].startswith("[node2")
 
 
+def test_ranks_keep_the_memory_they_freed_unless_the_user_set_the_allocator(monkeypatch):
+    spec = ClusterSpec(2, 2)
+    env = node_env(spec, 0, "eth0", None)
+    assert env["MALLOC_TRIM_THRESHOLD_"] == str(1 << 30)   # the heap's free top is kept
+    assert env["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20)  # not moved by the run's history
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    assert node_env(spec, 0, "eth0", None)["MALLOC_TRIM_THRESHOLD_"] == "131072"
+
+
 def test_tc_commands_shape_rate_delay_and_loss():
     assert netns.tc_commands("eth0", None) == []
     cmds = [" ".join(c) for c in netns.tc_commands("eth0", 10**9, 0.00025, 0.01)]
