@@ -106,11 +106,10 @@ def node_env(spec: ClusterSpec, node: int, ifname: str, extra: dict | None) -> d
     env.setdefault("OMP_NUM_THREADS", "1")
     # glibc's allocator by default gives the top of the heap back to the kernel once more than
     # a threshold it moves with the program's history is free, so a rank may fault its
-    # step's buffers in again at every step (8,500-10,600 minor faults a step, ~25-30 ms of
-    # CPU on this host, seen on some ranks of a PowerSGD race and not on others, and deciding
-    # which of two equal runs looked faster). Fixed thresholds keep what a rank freed for
-    # its next step: the memory it holds stays at its peak, which its node's budget had to
-    # allow anyway. Set either variable to override.
+    # buffers in again at every step (8,200-10,600 minor faults a step, 20-40 ms of CPU on
+    # this host, in PowerSGD's runs and not in an auto run beside them: docs/design.md).
+    # Fixed thresholds keep what a rank freed for its next step: the memory it holds stays at
+    # its peak, which its node's budget had to allow anyway. Set either variable to override.
     for name, value in MALLOC_ENV.items():
         env.setdefault(name, value)
     # torchrun --tee prefixes each rank's lines with this (it fills in ${rank}).
