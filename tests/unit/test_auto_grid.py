@@ -211,8 +211,13 @@ def test_a_switch_shows_auto_s_step_time_after_it_beside_the_new_algorithm_s_own
     assert row["own_after_switch_ms"] == pytest.approx(250)  # the same steps: 240, 260, 250
 
 
-def test_a_run_without_a_switch_has_no_switch_columns(tmp_path):
-    path = _results(tmp_path, "n", "mnist", [_run("auto", "25mbit", 10.0, "hitopk"),
-                                             _run("hitopk", "25mbit", 10.0)])
-    [row] = auto_grid.judge(argparse.Namespace(results=[path], json=None))["rows"]
-    assert "switched_at" not in row and "after_switch_ms" not in row
+def test_a_re_planned_run_without_a_switch_has_the_switch_columns_empty(tmp_path):
+    kept = _run("auto", "25mbit", 10.0, "hitopk")
+    kept["auto"]["replanning"] = {"checks": [{"step": 4, "took_s": 0.1}], "switches": []}
+    path = _results(tmp_path, "n", "mnist", [kept, _run("hitopk", "25mbit", 10.0),
+                                             _run("auto", "1gbit", 5.0, "ddp-fp16"),
+                                             _run("hitopk", "1gbit", 6.0)])
+    rows = {r["rate"]: r for r in auto_grid.judge(argparse.Namespace(results=[path],
+                                                                     json=None))["rows"]}
+    assert rows["25mbit"]["switched_at"] is None and rows["25mbit"]["after_switch_ms"] is None
+    assert "switched_at" not in rows["1gbit"]  # not re-planned at all

@@ -164,11 +164,14 @@ def after_switch(auto: dict, runs: dict) -> dict:
     and its median step time after the switch (from the interval after the one that held the
     check) beside the median of the switched-to algorithm's own run over the same steps,
     where the cell raced it (one run of that algorithm): a switch that leaves the new
-    synchronisation slower than its own run shows here."""
-    replanning = (auto.get("auto") or {}).get("replanning") or {}
-    switches = replanning.get("switches") or []
-    if not switches:
+    synchronisation slower than its own run shows here. A re-planned run that did not switch
+    has the columns, empty; one not re-planned has none."""
+    replanning = (auto.get("auto") or {}).get("replanning")
+    if not replanning:  # not re-planned (or an older record): no columns
         return {}
+    switches = replanning.get("switches") or []
+    if not switches:  # re-planned without a switch: the columns, empty
+        return dict.fromkeys(SWITCH_COLUMNS)
     step = switches[0]["step"]
     to = str(switches[0].get("to") or "").split(" ")[0]
     own = [r for r in runs.values() if r.get("algorithm") == to]
@@ -272,7 +275,7 @@ def _judged(cells: dict, columns: list[str]) -> dict:
         raise ValueError("--results hold no cell with an auto run and a fixed choice (give "
                          "--by-setting to compare settings without auto)")
     result = {"rows": rows, "summary": summary(cells, rows)}
-    if any("switched_at" in r for r in rows):
+    if any(r.get("switched_at") is not None for r in rows):
         columns = columns + SWITCH_COLUMNS
     print(format_table(rows, columns))
     print()
