@@ -29,6 +29,20 @@ def test_auto_chooses_the_fastest_candidate_at_the_probed_rate(tmp_path, bps):
         assert chosen["density"] == 0.05 and chosen["sparse_wire"] == "fp16"
 
 
+def test_auto_chooses_only_among_the_plan_algorithms(tmp_path):
+    path = _results(tmp_path)
+    probe = {"goodput_Bps": 0.85 * 5e7 / 8}  # hitopk is the fastest here by construction
+    assert choose(_cfg(path), 2, probe)[0]["algorithm"] == "hitopk"
+    chosen, info = choose(_cfg(path, plan_algorithms="allreduce,powersgd"), 2, probe)
+    assert chosen["algorithm"] == "allreduce"  # powersgd has no measured steps: not ranked
+    assert info["among"] == ["allreduce", "powersgd"]
+    assert all(r["candidate"].split()[0] in ("allreduce", "powersgd")
+               for r in info["runners_up"])
+    with pytest.raises(ValueError, match="no candidate of --plan-algorithms powersgd that "
+                                         "reached the target"):
+        choose(_cfg(path, plan_algorithms="powersgd"), 2, probe)
+
+
 def test_auto_refuses_a_plan_measured_for_another_training(tmp_path):
     cfg = _cfg(_results(tmp_path), batch_size=64)
     with pytest.raises(ValueError, match="measured another training than this run's: "
@@ -46,6 +60,8 @@ def test_auto_refuses_a_cluster_shape_without_steps(tmp_path):
     ({"plan_from": "/nonexistent/results.json"}, "--plan-from: /nonexistent/results.json is "
                                                  "not a file"),
     ({"density": 0.05}, "--density applies to a sparse algorithm"),
+    ({"plan_algorithms": "hitopk,auto"}, "--plan-algorithms: 'auto' is not an algorithm the "
+                                         "plan ranks"),
 ])
 def test_auto_settings_are_checked_before_anything_runs(tmp_path, change, message):
     cfg = dataclasses.replace(_cfg(_results(tmp_path)), **change)

@@ -109,7 +109,23 @@ def test_cli_prints_the_ranking_and_writes_json(tmp_path, capsys):
     assert json.loads(out.read_text())["plans"][0]["best"]["algorithm"] == "hitopk"
 
 
+def test_algorithms_restrict_the_ranking_to_their_candidates(tmp_path, capsys):
+    path = _results(tmp_path)
+    out = tmp_path / "plan.json"
+    # at 50 Mbit/s hitopk is the fastest by construction; without it, allreduce is
+    assert thinwire_main(["plan", "--calibrate", str(path), "--calibrate-at", "200mbit",
+                          "--inter-node-bandwidth", "50mbit", "--algorithms", "allreduce,ddp",
+                          "--json", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    assert plan["algorithms"] == ["allreduce", "ddp"]
+    assert {r["algorithm"] for r in plan["plans"][0]["rows"]} == {"allreduce", "ddp"}
+    assert plan["plans"][0]["best"]["algorithm"] == "allreduce"
+    assert "best: allreduce" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--inter-node-bandwidth", "50mbit", "--algorithms", "hitopk,fastest"],
+     "--algorithms: 'fastest' is not an algorithm the plan ranks; allowed: ddp, ddp-fp16"),
     (["--inter-node-bandwidth", "fast"],
      "--inter-node-bandwidth must be a number followed by a unit"),
     (["--inter-node-bandwidth", "50mbit", "--workload", "lm"],

@@ -58,8 +58,29 @@ class Setting:
     compute_s: float         # forward + backward + step, per step, without communication
 
 
-def grid(workload: str, nodes: int, ranks_per_node: int, measured=()) -> dict:
-    """{Candidate: TrainConfig} for the registry's candidates and the ``measured`` ones."""
+def ranked_algorithms() -> tuple[str, ...]:
+    """The algorithms the plan ranks candidates of (what ``--algorithms`` of `thinwire plan`
+    and ``--plan-algorithms`` of auto may name)."""
+    return ("ddp", "ddp-fp16", "powersgd", "allreduce", "hier_allreduce") + \
+        tuple(collectives.sparse_names()) + ("diloco",)
+
+
+def check_algorithms(names, flag: str) -> tuple[str, ...] | None:
+    """``names`` (an iterable of algorithm names; empty or None: every one) checked against
+    :func:`ranked_algorithms`, named by ``flag`` in the error; None where every one is meant."""
+    names = tuple(names or ())
+    allowed = ranked_algorithms()
+    unknown = [n for n in names if n not in allowed]
+    if unknown:
+        raise ValueError(f"{flag}: {', '.join(map(repr, unknown))} is not an algorithm the "
+                         f"plan ranks; allowed: {', '.join(allowed)}")
+    return names or None
+
+
+def grid(workload: str, nodes: int, ranks_per_node: int, measured=(),
+         algorithms: tuple | None = None) -> dict:
+    """{Candidate: TrainConfig} for the registry's candidates and the ``measured`` ones;
+    ``algorithms``: only candidates of these (None: every one)."""
     def config(algorithm, **train):
         cfg = race_config.run_config(workload, algorithm, train,
                                      ranks_per_node=ranks_per_node).validate()
@@ -78,6 +99,8 @@ def grid(workload: str, nodes: int, ranks_per_node: int, measured=()) -> dict:
     for cand in measured:
         if cand not in found:
             found[cand] = config(cand.algorithm, **cand.settings)[1]
+    if algorithms is not None:
+        found = {c: cfg for c, cfg in found.items() if c.algorithm in algorithms}
     return found
 
 
@@ -299,14 +322,16 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
               ranks_per_node: int | None, rates: list, compute_ms: float | None = None,
               calibrate_at: str | None = None, form: str = "max", fitted=None,
               with_break_even: bool = True, compute_scale: float = 1.0,
-              steps_to: float | None = None) -> dict:
+              steps_to: float | None = None, algorithms=None) -> dict:
     """``fitted``: :func:`calibrated`'s result, where the caller has it already;
     ``compute_scale``: the fitted compute per step times this (auto's compute probe: this
     cluster's compute-only step over the calibration runs');
     ``with_break_even``: False skips the break-even search (nine tenths of a plan's time: auto's
     re-planning needs only the ranking); ``steps_to``: steps read to this quality instead of
-    the races' target (:func:`thinwire.sim.steps.read_table`)."""
+    the races' target (:func:`thinwire.sim.steps.read_table`); ``algorithms``: rank only
+    candidates of these (:func:`check_algorithms`; None: every one)."""
     # the inputs first: the fit takes up to a minute
+    algorithms = check_algorithms(algorithms, "algorithms")
     table, notes = read_table(steps_files, steps_to)
     workloads_seen = sorted({w.workload for w in table})
     if workload is not None and workload not in workloads_seen:
@@ -343,7 +368,8 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
             raise ValueError(f"--compute-ms: the calibration has no run on {nodes} x "
                              f"{ranks_per_node}; give the compute time per step measured there")
         compute_s *= compute_scale
-    candidates = grid(workload, nodes, ranks_per_node, entries)  # the same at every rate
+    candidates = grid(workload, nodes, ranks_per_node, entries,  # the same at every rate
+                      algorithms)
     plans = []
     for rate in rates:
         setting = Setting(workload, nodes, ranks_per_node, rate_bps(rate), compute_s)
@@ -361,6 +387,7 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
         # DiLoCo's fitted cost beyond its phases (None: the calibration held no DiLoCo run)
         "diloco_extra": params.get("diloco_extra"),
         "calibration": [str(p) for p in calibration], "steps_from": [str(p) for p in steps_files],
+        "algorithms": list(algorithms or ranked_algorithms()),
         "steps_spread_over_seeds": merged_spread(entries.values()),
         "steps_table": [e.row() for e in entries.values()],
         "break_even": break_even(setting, params, mode, model, layers.layers, entries,

@@ -40,6 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="races measured at the planned rates: print each ranked candidate's "
                         "measured time to target beside the prediction, and how much slower "
                         "the plan's choice ran than the measured fastest")
+    p.add_argument("--algorithms", nargs="+", default=None, metavar="ALGORITHM",
+                   help="rank only candidates of these algorithms (default: every one the "
+                        "plan ranks; comma-separated or repeated)")
     p.add_argument("--json", default=None, help="write the plan here")
     p.set_defaults(func=main)
 
@@ -143,15 +146,23 @@ def check_plan_inputs(args) -> None:
                          "needs --nodes 2 or more")
 
 
+def _names(values: list[str] | None) -> list[str] | None:
+    """--algorithms' names (comma-separated, repeatable)."""
+    return None if values is None else [n.strip() for v in values for n in v.split(",")
+                                        if n.strip()]
+
+
 def main(args) -> int:
     check_output_path(args.json, "--json")  # before the work
     check_plan_inputs(args)
-    from thinwire.sim.plan import make_plan
+    from thinwire.sim.plan import check_algorithms, make_plan
+
+    check_algorithms(_names(args.algorithms), "--algorithms")  # before the fit
 
     plan = make_plan(args.calibrate, args.steps_from or args.calibrate, args.workload,
                      args.nodes, args.ranks_per_node, parse_rates(args.inter_node_bandwidth),
                      args.compute_ms, args.calibrate_at, args.phase_form,
-                     steps_to=args.steps_to)
+                     steps_to=args.steps_to, algorithms=_names(args.algorithms))
     _print(plan)
     plan["rows"] = plan["steps_table"]  # what docs/results.md reads, unless --measured
     if args.measured:

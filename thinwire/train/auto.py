@@ -56,8 +56,16 @@ def steps_files(cfg) -> list[str]:
     return plan_files(cfg) + [p.strip() for p in cfg.plan_steps_from.split(",") if p.strip()]
 
 
+def plan_algorithms(cfg) -> list[str] | None:
+    """--plan-algorithms' names; None: every algorithm the plan ranks."""
+    return [n.strip() for n in cfg.plan_algorithms.split(",") if n.strip()] or None
+
+
 def check_config(cfg) -> None:
     """What auto needs, checked before anything launches."""
+    from thinwire.sim.plan import check_algorithms
+
+    check_algorithms(plan_algorithms(cfg), "--plan-algorithms")
     files = plan_files(cfg)
     if not files:
         raise ValueError("--algorithm auto needs --plan-from RESULTS_JSON[,...]: thinwire "
@@ -130,11 +138,14 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
         files, nodes, cfg.ranks_per_node, cfg.model))
     plan = make_plan(files, steps_files(cfg), found[0], nodes, cfg.ranks_per_node, [bps],
                      fitted=fitted, compute_scale=compute["scale"],
-                     with_break_even=not per_step_only)  # re-planning needs the ranking only
+                     with_break_even=not per_step_only,  # re-planning needs the ranking only
+                     algorithms=plan_algorithms(cfg))
     rows = [r for r in plan["plans"][0]["rows"] if r["time_to_target_s"] is not None
             and (not per_step_only or modes.mode_of(r["algorithm"]).per_step)]
     if not rows:
-        raise ValueError("--plan-from holds no candidate that reached the target")
+        among = "" if plan_algorithms(cfg) is None else \
+            f" of --plan-algorithms {cfg.plan_algorithms}"
+        raise ValueError(f"--plan-from holds no candidate{among} that reached the target")
     if current is not None:  # mid-run: a switch does not run a warm-up again
         rows = sorted(rows, key=mid_run_s)
     best = rows[0]
@@ -145,6 +156,7 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
             "predicted_time_to_target_s": best["time_to_target_s"],
             # "measured", or the two measured candidates its steps were read between
             "steps_source": best.get("steps_source"),
+            "among": plan["algorithms"],  # --plan-algorithms, or every one the plan ranks
             "runners_up": [{"candidate": r["candidate"], "vs_choice": r["vs_best"]}
                            for r in rows[1:1 + RUNNERS_UP]],
             "break_even_bps": plan["break_even"].get("bps"),
@@ -266,7 +278,8 @@ def applied(original, chosen: dict):
     an earlier choice may linger (its wire, values' dtype, selector)."""
     from thinwire.train import settings
 
-    new_cfg = dataclasses.replace(original, plan_from="", plan_steps_from="", **chosen)
+    new_cfg = dataclasses.replace(original, plan_from="", plan_steps_from="",
+                                  plan_algorithms="", **chosen)
     while reset := settings.inapplicable(new_cfg):
         new_cfg = dataclasses.replace(new_cfg, **reset)
     return new_cfg.validate()

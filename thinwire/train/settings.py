@@ -132,6 +132,10 @@ SETTINGS: tuple[Setting, ...] = (
       "steps do not depend on the link); the median over seeds is the estimate",
       applies=lambda c: modes.mode_of(c.algorithm).resolve is not None,
       applies_to="--algorithm auto", concern="sync", metavar="RESULTS_JSON[,...]"),
+    S("plan_algorithms", str, "", "auto: choose only among candidates of these algorithms "
+      "(comma-separated; empty: every one the plan ranks)",
+      applies=lambda c: modes.mode_of(c.algorithm).resolve is not None,
+      applies_to="--algorithm auto", concern="sync", metavar="ALGORITHM[,...]"),
     S("replan_every_s", float, 10.0, "auto: seconds of training between probes of the link "
       "(after an evaluation); 0 = choose once", low=0.0,
       applies=lambda c: modes.mode_of(c.algorithm).resolve is not None,
