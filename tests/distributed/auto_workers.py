@@ -1,5 +1,7 @@
 """Rank functions of test_auto_resolve (importable by the spawned ranks)."""
 
+import itertools
+
 from thinwire.train import auto
 from thinwire.train.compare import CompareSettings
 
@@ -10,7 +12,11 @@ def resolve(rank, world, results_path, ranks_per_node, batch_size=32, compute_ms
                           train={"plan_from": results_path, "batch_size": batch_size}
                           ).run_config("auto")
     try:
-        measure = None if compute_ms is None else (lambda: compute_ms[rank])
+        measure = None
+        if compute_ms is not None:  # this rank's step, or its steps in turn (one a probe)
+            mine = compute_ms[rank]
+            steps = iter(mine) if isinstance(mine, list) else itertools.repeat(mine)
+            measure = lambda: next(steps)  # noqa: E731
         chosen, info = auto.resolve(cfg, measure)
     except ValueError as exc:
         return {"error": str(exc)}

@@ -23,6 +23,8 @@ def test_every_rank_trains_with_rank_0s_choice(tmp_path):
     assert len({(r["algorithm"], r["choice"], r["planned_at_bps"]) for r in results}) == 1
     assert all(r["compute"]["probed_ms"] == 8.0 and r["compute"]["scale"] == pytest.approx(0.1)
                for r in results)
+    # outside the calibration's spread, so taken again: the same every time
+    assert results[0]["compute"]["tries_ms"] == [8.0, 8.0, 8.0]
     probe = results[0]["probe"]  # every try of the link probe, with its verdict
     assert 1 <= len(probe["tries"]) <= 3 and probe["bound_by"] in ("link", "host", "neither")
     first = results[0]
@@ -32,6 +34,21 @@ def test_every_rank_trains_with_rank_0s_choice(tmp_path):
     fastest = min(STEPS, key=lambda a: _truth_time(a, first["planned_at_bps"], tmp_path,
                                                    compute_s=0.008))
     assert first["algorithm"] == fastest
+
+
+def test_one_compute_probe_outside_the_calibrations_spread_is_taken_again(tmp_path):
+    path = _results(tmp_path, ranks_per_node=1)  # every calibration run computes 80 ms a step
+    # a noisy first probe (mean over ranks 200 ms, past 80 x 1.5), then two that read 80, 90
+    results = run_ranks(auto_workers.resolve, 2, str(path), 1,
+                        compute_ms=[[190.0, 70.0, 100.0, 999.0], [210.0, 90.0, 80.0, 999.0]])
+    assert all("error" not in r for r in results), results
+    compute = results[0]["compute"]
+    assert compute["tries_ms"] == [200.0, 80.0, 90.0]  # three in all, never the fourth
+    assert compute["probed_ms"] == 90.0 and compute["scale"] == 1.0
+    # a first probe inside the spread is the probe
+    inside = run_ranks(auto_workers.resolve, 2, str(path), 1,
+                       compute_ms=[[75.0, 999.0], [85.0, 999.0]])[0]["compute"]
+    assert inside["tries_ms"] == [80.0] and inside["scale"] == 1.0
 
 
 def test_a_failed_plan_ends_every_rank_with_its_error(tmp_path):

@@ -29,6 +29,7 @@ import datetime
 import functools
 import json
 import logging
+import statistics
 import time
 from pathlib import Path
 
@@ -225,6 +226,19 @@ def _no_hook_state(saved, algorithm: str, shapes: list) -> None:
                      "they chose)")
 
 
+def _compute_band(cfg, nodes: int) -> tuple | None:
+    """On rank 0, the calibration's compute-only steps (:func:`auto_compute.calibration_ms`)
+    that decide whether the compute probe is taken again; None elsewhere, and where the files
+    cannot be read (the plan reads them next and names the error on every rank)."""
+    if dist.get_rank() != 0:
+        return None
+    try:
+        return auto_compute.calibration_ms(plan_files(cfg), nodes, cfg.ranks_per_node,
+                                           cfg.model)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def resolve(cfg, measure_compute=None):
     """``cfg`` with auto's choice applied (collective: every rank calls it), and the record.
     ``measure_compute()``: this rank's compute-only step in ms (the training loop's timing,
@@ -241,7 +255,9 @@ def resolve(cfg, measure_compute=None):
         probe = probe_trusted(cfg.ranks_per_node, timeout_s)
         probe["intra_node"] = node_probe.probe_intra_node(cfg.ranks_per_node, timeout_s)
         probe["seconds"] = time.perf_counter() - began
-        compute_ms = auto_compute.probe_ms(cfg, waiting, measure_compute)
+        tries = auto_compute.probe_tries(cfg, waiting, measure_compute,
+                                         _compute_band(cfg, nodes))
+        compute_ms = statistics.median(tries) if tries else None
         directory = checkpoint.resume_directory(cfg)
         files = gather_json(checkpoint.saved_choices(directory, dist.get_rank())
                             if directory else [], waiting)
@@ -250,6 +266,7 @@ def resolve(cfg, measure_compute=None):
             try:
                 try:
                     chosen, info = choose(cfg, nodes, probe, compute_ms=compute_ms)
+                    info["compute"]["tries_ms"] = tries
                 except ValueError as exc:
                     if not directory:
                         raise

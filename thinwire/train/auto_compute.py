@@ -12,7 +12,11 @@ the hook's own work) scales with it. Where the probe lies within the calibration
 spread of that measurement (widened by half either way), the cluster computes as they did and
 the fit is used unscaled (on the 2-core development machine the spread is 41-106 ms over the
 MNIST sweep, and a 5-step probe read 39 ms and 86 ms in two runs: its noise would otherwise
-move the plan).
+move the plan). A probe outside that spread is taken again (``COMPUTE_TRIES`` in all) and the
+median of the tries is the probe: a cluster that computes differently reads so every time, one
+noisy probe does not (one read 164 ms against a widened spread ending at 159, the plan scaled
+compute by 2.4 and chose another algorithm; the same run's own measurement seconds later read
+131 ms).
 """
 
 from __future__ import annotations
@@ -34,6 +38,33 @@ def probe_ms(cfg, group, measure) -> float | None:
     total = torch.tensor([float(measure())], dtype=torch.float64)
     dist.all_reduce(total, group=group)
     return total.item() / dist.get_world_size()
+
+
+# probes in all where the first lies outside the calibration's widened spread (the median used)
+COMPUTE_TRIES = 3
+
+
+def probe_tries(cfg, group, measure, calibrated: tuple | None) -> list[float]:
+    """:func:`probe_ms`, taken again up to ``COMPUTE_TRIES`` times in all where the first lies
+    outside ``calibrated``'s widened spread (:func:`within`); every try, in order (empty where
+    there is no probe). ``calibrated``: rank 0's :func:`calibration_ms` (the other ranks' is
+    not read): rank 0 decides whether to try again and tells every rank over ``group``."""
+    first = probe_ms(cfg, group, measure)
+    if first is None:
+        return []
+    again = torch.tensor([int(dist.get_rank() == 0 and calibrated is not None
+                              and not within(first, calibrated))], dtype=torch.int64)
+    dist.broadcast(again, src=0, group=group)
+    if not again.item():
+        return [first]
+    return [first] + [probe_ms(cfg, group, measure) for _ in range(COMPUTE_TRIES - 1)]
+
+
+def within(probed_ms: float, calibrated: tuple) -> bool:
+    """Whether ``probed_ms`` lies within the calibration runs' spread widened by
+    ``SPREAD_MARGIN`` either way (this cluster computes as they did)."""
+    _, low, high = calibrated
+    return low / SPREAD_MARGIN <= probed_ms <= high * SPREAD_MARGIN
 
 
 def calibration_ms(files: list, nodes: int, ranks_per_node: int,
@@ -72,7 +103,7 @@ def scale(probed_ms: float | None, calibrated: tuple | None) -> dict:
         return {"probed_ms": probed_ms, "calibration_ms": calibrated and calibrated[0],
                 "scale": 1.0, "source": "calibration (not probed)"}
     median, low, high = calibrated
-    inside = low / SPREAD_MARGIN <= probed_ms <= high * SPREAD_MARGIN
+    inside = within(probed_ms, calibrated)
     return {"probed_ms": probed_ms, "calibration_ms": median,
             "calibration_range_ms": [low, high], "scale": 1.0 if inside else probed_ms / median,
             "source": "calibration (the probe lies within its spread)" if inside else "probed"}
