@@ -209,6 +209,15 @@ def test_a_switch_shows_auto_s_step_time_after_it_beside_the_new_algorithm_s_own
     assert row["switched_at"] == 4 and row["checks_s"] == pytest.approx(0.75)
     assert row["after_switch_ms"] == pytest.approx(310)      # steps 6-12: 300, 310, 330
     assert row["own_after_switch_ms"] == pytest.approx(250)  # the same steps: 240, 260, 250
+    assert row["steps"] is None and row["own_steps"] is None  # no target recorded
+    for run in (auto, own):
+        run.update(metric="test_accuracy", target=0.92)
+    auto["curve"][-2]["test_accuracy"] = 0.95  # auto reaches 0.92 at step 10
+    for point, accuracy in zip(own["curve"][4:], (0.5, 0.93, 0.95)):  # PowerSGD at step 10 too
+        point["test_accuracy"] = accuracy
+    path = _results(tmp_path, "s2", "mnist", [auto, own, _run("hitopk", "200mbit", 11.0)])
+    [row] = auto_grid.judge(argparse.Namespace(results=[path], json=None))["rows"]
+    assert (row["steps"], row["own_steps"]) == (10, 10)
 
 
 def test_a_re_planned_run_without_a_switch_has_the_switch_columns_empty(tmp_path):

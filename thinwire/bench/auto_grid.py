@@ -26,7 +26,8 @@ the medians say which choice is fastest to expect.
 
 Where auto switched during a race (a changing link), its row also says at which step, what
 its checks cost the run, and its median step time after the switch beside the switched-to
-algorithm's own run over the same steps (:func:`after_switch`).
+algorithm's own run over the same steps (:func:`after_switch`), and both runs' steps to target:
+a switch that costs convergence, not pace, shows there.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from pathlib import Path
 
 from thinwire.bench.pace_trigger import check_seconds
 from thinwire.bench.report import format_table, save_if_asked
+from thinwire.sim.steps import steps_to_target
 from thinwire.train.grad_sync import POWERSGD_START_ITER
 from thinwire.train.run_groups import rate_bps  # "none" (unshaped) sorts last
 
@@ -178,7 +180,15 @@ def after_switch(auto: dict, runs: dict) -> dict:
     return {"switched_at": step,
             "checks_s": sum(check_seconds(auto).values()),
             "after_switch_ms": _median_pace_ms(auto, step),
-            "own_after_switch_ms": _median_pace_ms(own[0], step) if len(own) == 1 else None}
+            "own_after_switch_ms": _median_pace_ms(own[0], step) if len(own) == 1 else None,
+            "steps": _steps(auto), "own_steps": _steps(own[0]) if len(own) == 1 else None}
+
+
+def _steps(run: dict) -> int | None:
+    """The run's steps to its target (its first evaluation there; None: it missed)."""
+    if not run.get("metric") or run.get("target") is None:
+        return None
+    return steps_to_target(run.get("curve") or [], run["metric"], run["target"])
 
 
 def cell_row(key: tuple, runs: dict) -> dict | None:
@@ -242,7 +252,8 @@ ROW_COLUMNS = ["workload", "shape", "rate", "auto_s", "auto_choice", "fastest", 
                "vs_fastest", "probe_bound_by", "fidelity"]
 
 
-SWITCH_COLUMNS = ["switched_at", "checks_s", "after_switch_ms", "own_after_switch_ms"]
+SWITCH_COLUMNS = ["switched_at", "checks_s", "after_switch_ms", "own_after_switch_ms", "steps",
+                  "own_steps"]
 
 
 def cell_rate(run: dict, setting: dict) -> str:
