@@ -111,8 +111,8 @@ def replan(ddp_model: DistributedDataParallel, *, share: float = 0.3,
     ``thinwire.plan_choice.SWITCH_MIN_GAIN``) over the current choice, switch the
     hook to it (:mod:`thinwire.ddp_auto`). Collective: every rank calls it between the same
     two steps (after ``optimizer.step()``, before the next forward). A switch hands each
-    rank's residuals to its next step's buckets (with momentum correction it flushes them
-    densely into that step's gradient). Returns the check's record; the state
+    rank's residuals to its next ``plan_choice.HANDOVER_STEPS`` steps' buckets in equal shares
+    (with momentum correction it flushes them densely into the next step's gradient). Returns the check's record; the state
     to checkpoint afterwards is :func:`state_of` ``(ddp_model)`` (a new one after a switch).
 
     ``every_s``: call it after every step; it checks only every ``every_s`` seconds (rank 0's
@@ -168,7 +168,7 @@ def flush_residuals(ddp_model: DistributedDataParallel, average: bool = True):
     if context.pending and averaged and not average:
         raise RuntimeError("a switch's averaged flush is still owed to the next step: take "
                            "this rank's residuals after that step")
-    owed, context.pending = context.pending, {}
+    owed, context.pending, context.pending_steps = context.pending, {}, 0
     # the hook's layouts index module.parameters(), every one (see _HookContext)
     flushed, mass = flush_indexed(context.params, context.state, average=average and averaged)
     if owed:
@@ -217,25 +217,38 @@ class _HookContext:
         self.params = list(module.parameters())
         self.param_index = {id(p): i for i, p in enumerate(self.params)}
         self.auto = auto  # thinwire.ddp_auto.AutoContext, or None
-        self.pending: dict[int, torch.Tensor] = {}  # model index -> this rank's residual
+        self.pending: dict[int, torch.Tensor] = {}  # model index -> what is still owed
+        self.pending_steps = 0  # the steps ``pending`` is taken in, an equal share each
 
-    def switch_to(self, state: SyncState, owed: list | None) -> None:
+    def switch_to(self, state: SyncState, owed: list | None, steps: int = 1) -> None:
         """``state`` runs from the next step; ``owed`` (per model parameter, this rank's
-        residuals) is added to that step's gradient before it is reduced, on top of anything
-        still owed from an earlier switch with no step between."""
+        residuals), with anything still owed from an earlier switch, is added to the next
+        ``steps`` steps' gradients in equal shares before they are reduced."""
         self.state = state
         for i, tensor in enumerate(owed or []):
             if tensor is not None:
                 owed = self.pending.get(i)
                 self.pending[i] = tensor if owed is None else owed + tensor
+        self.pending_steps = steps if self.pending else 0
 
     def take_pending(self, layout: "_Layout", is_last: bool) -> list | None:
-        """The handed-over residuals of this bucket's parameters (DDP's order), once."""
+        """This step's share of the handed-over residuals of this bucket's parameters (DDP's
+        order): what is left over the steps left; the last step takes the rest."""
         if not self.pending:
             return None
-        extras = [self.pending.pop(i, None) for i in layout.model_index]
-        if is_last:  # a parameter in no bucket of this step (frozen) gets none later either
-            self.pending = {}
+        extras = []
+        for i in layout.model_index:
+            rest = self.pending.get(i)
+            if rest is None or self.pending_steps <= 1:
+                extras.append(self.pending.pop(i, None))
+            else:
+                share = rest / self.pending_steps
+                self.pending[i] = rest - share
+                extras.append(share)
+        if is_last:
+            self.pending_steps -= 1
+            if self.pending_steps <= 0:  # a parameter in no bucket (frozen) gets none later
+                self.pending = {}
         return extras
 
 
@@ -336,6 +349,9 @@ def _reduce_bucket(state: SyncState, index: int, buffer: torch.Tensor, layout: _
 def _hook(context: _HookContext, bucket) -> torch.futures.Future[torch.Tensor]:
     buffer, index, is_last = bucket.buffer(), bucket.index(), bucket.is_last()
     layout = _Layout(context, bucket)
+    # before the event below: on CUDA the share is made on backward's stream, which the
+    # worker's side stream waits for
+    extras = context.take_pending(layout, is_last)
     cuda = None
     if buffer.is_cuda:
         consumer = torch.cuda.current_stream(buffer.device)  # where backward (and DDP) run
@@ -345,7 +361,6 @@ def _hook(context: _HookContext, bucket) -> torch.futures.Future[torch.Tensor]:
         future: torch.futures.Future = torch.futures.Future(devices=[buffer.device])
     else:
         future = torch.futures.Future()
-    extras = context.take_pending(layout, is_last)
     _worker().put((context.state, index, buffer, layout, is_last, future, cuda, extras))
     # torch.futures.Future.set_exception stores the exception as the *value*, which DDP's C++
     # side then fails to cast ("Unable to cast ... to Tensor"). A callback that re-raises it

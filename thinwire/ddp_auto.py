@@ -11,20 +11,22 @@ where the goodput moved by more than ``share`` since the current choice was made
 read at the new rate (:func:`thinwire.plan_choice.decide_switch`). A switch replaces the hook's
 SyncState between steps; DDP keeps its one hook and its buckets. What a sparse algorithm held
 back (its residuals mean its own buckets' coordinates) is handed over: each rank's own residual
-is added to its next step's buckets before they are reduced, so the new algorithm averages it
-with the gradient and its error feedback keeps what it does not send; the mass is delivered or
+is added to its next ``plan_choice.HANDOVER_STEPS`` steps' buckets in equal shares before they
+are reduced (at once, a stale lump early in training cost up to 10 steps to target), so the
+new algorithm averages it with the gradient and its error feedback keeps what it does not send; the mass is delivered or
 held and the switch exchanges nothing (the same rule as ``thinwire train``'s re-planning;
 tested: the steps' gradients add up to the ranks' dense average). With momentum correction
 they are flushed densely instead (averaged, added after the next step's reduction): DGC's
 velocity would count a handed-over residual again at every step it stays unsent. The new state
 continues the old one's step count (a warm-up or ``dense_iterations`` is not run again); its
-traffic totals and momentum correction's velocities start anew. Until the next step's backward
-the residuals are owed by the hook, not held by a state: :func:`thinwire.ddp.flush_residuals`
-returns them with the state's own, but a checkpoint of the state taken between a switch and
-the next step lacks them (checkpoint before ``replan``, or after the next step). They are added
-to whatever that step's buckets carry: a step the caller then skips (a GradScaler's overflow,
-``nonfinite="skip"``) drops them, and with ``find_unused_parameters=True`` a parameter that
-step did not use gets none of them. A run resumed
+traffic totals and momentum correction's velocities start anew. Until those steps have taken
+their shares the residuals are owed by the hook, not held by a state:
+:func:`thinwire.ddp.flush_residuals` returns them with the state's own (and owes nothing
+more), but a checkpoint of the state taken in those steps lacks them (checkpoint before
+``replan``, or ``HANDOVER_STEPS`` steps after a switch). Each share is added to whatever its
+step's buckets carry: a step the caller then skips (a GradScaler's overflow,
+``nonfinite="skip"``) drops its share, and with ``find_unused_parameters=True`` a parameter a
+step did not use gets none of that share. A run resumed
 from a checkpoint (``register(model, state=saved)``) trains with the saved choice and is not
 re-planned. A re-check whose probe
 measured the host rather than the link keeps the choice and says why; so does one whose plan
@@ -407,8 +409,8 @@ def _check(context, auto: AutoContext, share: float, min_gain: float) -> dict:
 def _switch(context, auto: AutoContext, probe: dict, algorithm: str, settings: dict,
             record: dict) -> None:
     """Register the new state and hand this rank's residuals of the current one over to it:
-    the hook adds them to the next step's buckets before they are reduced (its pending), so
-    the new algorithm averages them with the gradient and its own error feedback keeps what
+    the hook adds them to the next ``HANDOVER_STEPS`` steps' buckets in equal shares before
+    they are reduced (its pending), so the new algorithm averages them with the gradient and its own error feedback keeps what
     it does not send. Nothing is exchanged for the switch. With momentum correction (DGC's
     velocity would count a handed-over residual again at every step it stays unsent) they
     are flushed densely instead: averaged in one all-reduce, added after the reduction."""
@@ -426,6 +428,8 @@ def _switch(context, auto: AutoContext, probe: dict, algorithm: str, settings: d
     new.steps = old.steps
     new.auto = dict(record, probe=probe,
                     handed_over=dict(mass, how="flushed densely" if dense_flush
-                                     else "handed over"))
-    context.switch_to(new, owed)
+                                     else f"handed over in {plan_choice.HANDOVER_STEPS} "
+                                          f"steps"))
+    # handed over: in equal shares over the coming steps; flushed densely: at the next one
+    context.switch_to(new, owed, 1 if dense_flush else plan_choice.HANDOVER_STEPS)
     auto.switches += 1

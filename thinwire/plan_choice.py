@@ -290,6 +290,13 @@ def measured_scores(plan: dict, goodput_Bps: float, measured: dict) -> dict[str,
 SWITCH_MIN_GAIN = 0.1
 # a re-check's two all-reduce sizes (bytes), timed once each: about half a second at 25 Mbit/s
 RECHECK_BYTES = (256 << 10, 1 << 20)
+# A switch delivers what the old algorithm held back in equal shares over this many steps, not
+# all at the next one (thinwire train's switch and thinwire.ddp's alike). Handed to one step,
+# hitopk's residual after 14-18 steps (its unsent 95%: l1 3,500-6,400 on compare's MNIST
+# model) is a stale lump early in training, amplified by momentum: PowerSGD after the switch
+# took 40-50 steps to target over seeds 3-9, spread over 16 steps 40-48, as many or fewer at
+# every seed (50 against 42 at seed 4, 46 against 42 at seed 7; docs/results.md).
+HANDOVER_STEPS = 16
 
 
 def decide_switch(plan: dict, current: str, basis_Bps: float, probe: dict, share: float,

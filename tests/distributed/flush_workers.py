@@ -126,15 +126,16 @@ def _ddp_conservation(rank, world, register, steps, after_first=None):
 
 
 def switch_conservation(rank, world, ranks_per_node, pairs, before=3, after=3):
-    """For each (first, second) in ``pairs``: ``before`` steps with the first synchronisation
-    as compare builds it, re-planning's switch to the second (the residuals handed over, not
-    flushed), ``after`` steps with it, then its own residuals flushed: what the steps applied
-    plus that flush against every rank's gradients averaged densely over all the steps."""
+    """For each (first, second, handover_steps) in ``pairs``: ``before`` steps with the first
+    synchronisation as compare builds it, re-planning's switch to the second (the residuals
+    handed over in ``handover_steps`` shares, not flushed), ``after`` steps with it, then its
+    residuals flushed (with the shares not delivered yet): what the steps applied plus that
+    flush against every rank's gradients averaged densely over all the steps."""
     from thinwire.train import grad_sync, replan
     from thinwire.train.config import TrainConfig
 
     out = {}
-    for first, second in pairs:
+    for first, second, handover_steps in pairs:
         original = TrainConfig(algorithm="auto", plan_from="unused.json",
                                ranks_per_node=ranks_per_node, seed=0)
         torch.manual_seed(0)
@@ -148,7 +149,7 @@ def switch_conservation(rank, world, ranks_per_node, pairs, before=3, after=3):
         for step in range(before + after):
             if step == before:
                 _, sync, record["handed_over"] = replan.switch(original, second, sync, module,
-                                                               opt, None)
+                                                               opt, None, None, handover_steps)
             g = torch.Generator().manual_seed(step)
             inputs = [torch.randn(8, 64, generator=g) for _ in range(world)]
             opt.zero_grad()
@@ -164,12 +165,14 @@ def switch_conservation(rank, world, ranks_per_node, pairs, before=3, after=3):
                     r.add_(p.grad.double() / world)
             if step == before and second["algorithm"] == "powersgd":
                 record["compressed_at_once"] = bool(sync.state.error_dict)
+        record["owed_after"] = sync.owes()
         flushed, record["held_after"] = sync.flush()
+        record["owed_after_flush"] = sync.owes()
         flushed = flushed or [None] * len(applied)
         record["relative_error"] = max(
             float((a + (0 if f is None else f.double()) - r).abs().max() / r.abs().max())
             for a, f, r in zip(applied, flushed, reference))
-        out[f"{first['algorithm']}->{second['algorithm']}"] = record
+        out[f"{first['algorithm']}->{second['algorithm']} in {handover_steps}"] = record
         dist.barrier()
     return out
 

@@ -48,20 +48,21 @@ def _auto_config(results_path, world, stop_at_target=True, **train):
 
 def switch_checkpoint_and_resume(rank, world, results_path, rates_bps, directory):
     """Train with auto, switching at step 4 where a checkpoint is due too (its two files then
-    straddle the switch: step 2 under hitopk, step 5 under allreduce), then resume from them
-    with --algorithm auto."""
+    straddle the switch: step 2 under hitopk, step 5 under allreduce with the switch's
+    residuals not delivered yet), then resume from them with --algorithm auto."""
     import dataclasses
 
     from thinwire.train import checkpoint
     auto.probe_inter_node = _scripted_probe(rates_bps)
-    saved, real_save = [], checkpoint.save
+    saved, left, real_save = [], [], checkpoint.save
 
     def save(path, r, payload):
         saved.append(payload["step"])
+        left.append(None if payload["handover"] is None else payload["handover"]["left"])
         return real_save(path, r, payload)
     checkpoint.save = save
     cfg = _auto_config(results_path, world, max_iters=5, checkpoint=directory,
-                       checkpoint_every=2)
+                       checkpoint_every=2, handover_steps=8)
     first = loop.train(cfg)
     # the restart sees the slow link again, where the plan's choice is hitopk: it goes on
     # with the checkpoint's (allreduce), whose state the checkpoint holds
@@ -76,7 +77,7 @@ def switch_checkpoint_and_resume(rank, world, results_path, rates_bps, directory
     auto.choose = cannot_plan
     auto.probe_inter_node = _scripted_probe([5e7])
     again = loop.train(dataclasses.replace(cfg, resume=directory, max_iters=10))
-    return {"first": first if rank == 0 else None, "saved": saved,
+    return {"first": first if rank == 0 else None, "saved": saved, "left": left,
             "resumed": resumed if rank == 0 else None, "again": again if rank == 0 else None}
 
 

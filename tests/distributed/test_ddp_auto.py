@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from thinwire.plan_choice import HANDOVER_STEPS
+
 from harness import run_ranks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
@@ -65,17 +67,26 @@ def test_replan_switches_hitopk_to_the_all_reduce_and_delivers_the_residuals():
         assert kept["kept"] == "hitopk d=0.05" and kept["step"] == 1
         assert switched["switched_to"] == "ddp" and switched["step"] == 2
         assert r["steps"] == 4  # the new state goes on counting
-        assert r["flushed_after"] is None
         assert r["auto"]["handed_over"]["buckets"] >= 1 and r["auto"]["choice"] == "ddp"
+        assert r["auto"]["handed_over"]["how"] == f"handed over in {HANDOVER_STEPS} steps"
         assert [c["step"] for c in r["auto"]["replanning"]["checks"]] == [1, 2]
-    # conservation: what the first three steps delivered is the ranks' dense average of their
-    # own gradients (hitopk held some back at steps 1-2; the switch handed it to step 3)
-    delivered = results[0]["synced"][:3].sum(0)
-    expected = (results[0]["own"][:3].sum(0) + results[1]["own"][:3].sum(0)) / 2
+    # what hitopk held back at the switch (the ranks' average), handed to the coming steps in
+    # equal shares: steps 3 and 4 each deliver the dense average and one share
+    held = results[0]["flush_refs"][1]
+    assert held.abs().sum() > 0
+    for step in (2, 3):
+        torch.testing.assert_close(
+            results[0]["synced"][step],
+            (results[0]["own"][step] + results[1]["own"][step]) / 2 + held / HANDOVER_STEPS,
+            rtol=1e-5, atol=1e-5)
+    # conservation: the four steps delivered plus what is still owed (flushed: the all-reduce
+    # holds none back) is the ranks' dense average of their own gradients
+    after = torch.cat([t.reshape(-1) for t in results[0]["flushed_after"]])
+    torch.testing.assert_close(after, held * (HANDOVER_STEPS - 2) / HANDOVER_STEPS,
+                               rtol=1e-5, atol=1e-5)
+    delivered = results[0]["synced"].sum(0) + after
+    expected = (results[0]["own"].sum(0) + results[1]["own"].sum(0)) / 2
     torch.testing.assert_close(delivered, expected, rtol=1e-5, atol=1e-5)
-    # and only once: step 4 is the plain dense average
-    torch.testing.assert_close(results[0]["synced"][3],
-                               (results[0]["own"][3] + results[1]["own"][3]) / 2)
     assert not torch.allclose(results[0]["synced"][:2].sum(0),
                               (results[0]["own"][:2].sum(0) + results[1]["own"][:2].sum(0)) / 2,
                               rtol=1e-3, atol=1e-3)  # hitopk did hold mass back

@@ -36,15 +36,24 @@ def test_a_switch_hands_the_residuals_over_and_nothing_is_lost():
     next gradient instead of flushing it densely: applied + what the new algorithm holds at
     the end = the dense average over every step, either way between hitopk and PowerSGD, and
     into a dense all-reduce; PowerSGD compresses from its first step after the switch."""
-    pairs = [(HITOPK, POWERSGD), (POWERSGD, HITOPK), (HITOPK, {"algorithm": "allreduce"})]
+    dense = {"algorithm": "allreduce"}
+    # handed over in 16 shares, 3 steps taken: the rest is flushed with the new residuals;
+    # in 2 shares, all of it delivered by the steps
+    pairs = [(HITOPK, POWERSGD, 16), (POWERSGD, HITOPK, 16), (HITOPK, dense, 16),
+             (HITOPK, POWERSGD, 2), (HITOPK, dense, 2)]
     results = run_ranks(flush_workers.switch_conservation, 4, 2, pairs)
     for rank in results:
         for name, r in rank.items():
             assert r["handed_over"]["l1"] > 0, (name, r)  # the first held mass back
-            assert r["handed_over"]["how"] == "handed over", (name, r)
+            steps = name.split(" in ")[1]
+            assert r["handed_over"]["how"] == f"handed over in {steps} steps", (name, r)
             assert r["relative_error"] < 1e-5, (name, r)
-        assert rank["hitopk->powersgd"]["compressed_at_once"]
-        assert rank["hitopk->allreduce"]["held_after"]["l1"] == 0  # dense: nothing held after
+            assert r["owed_after"] == (steps == "16") and not r["owed_after_flush"], (name, r)
+        assert rank["hitopk->powersgd in 16"]["compressed_at_once"]
+        # dense: nothing held after, but for the shares not delivered yet
+        assert rank["hitopk->allreduce in 16"]["held_after"]["owed_from_a_switch"] > 0
+        assert rank["hitopk->allreduce in 2"]["held_after"].get("l1", 0) == 0
+        assert "owed_from_a_switch" not in rank["hitopk->allreduce in 2"]["held_after"]
 
 
 def test_with_momentum_correction_a_switch_flushes_densely():

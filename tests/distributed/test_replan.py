@@ -57,7 +57,7 @@ def test_a_steady_link_or_a_small_promise_keeps_the_first_choice(tmp_path):
                                     "planned_at_bps" not in c for c in steady)
 
 
-def test_a_checkpoint_due_at_a_switch_waits_for_its_hand_over_and_auto_resumes_its_choice(
+def test_a_checkpoint_holds_a_switch_s_hand_over_and_auto_resumes_its_choice_and_shares(
         tmp_path):
     path = _results(tmp_path, ranks_per_node=1)
     results = run_ranks(replan_workers.switch_checkpoint_and_resume, 2, str(path),
@@ -68,8 +68,10 @@ def test_a_checkpoint_due_at_a_switch_waits_for_its_hand_over_and_auto_resumes_i
     assert replanning["final_settings"]["algorithm"] == "allreduce"
     assert results[0]["first"]["auto"]["settings"]["algorithm"] == "hitopk"
     for r in results:
-        # step 4's checkpoint would have lost the residuals (handed to step 5's backward)
-        assert r["saved"][:2] == [2, 5], r["saved"]
+        # saved at the switch with all its shares owed, then one share fewer each step, across
+        # the resumes: steps 2, 4 (the switch), 5 (the end); resumed to 8; again to 10
+        assert r["saved"] == [2, 4, 5, 6, 8, 10], r["saved"]
+        assert r["left"] == [None, 8, 7, 6, 4, 2], r["left"]  # --handover-steps 8
     resumed = results[0]["resumed"]  # from step 5 under allreduce, passing over step 2's file
     assert resumed["steps"] == 8 and resumed["algorithm"] == "allreduce"
     assert resumed["auto"]["resumed"]["step"] == 5

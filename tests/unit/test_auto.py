@@ -60,6 +60,7 @@ def test_auto_refuses_a_cluster_shape_without_steps(tmp_path):
     ({"plan_from": "/nonexistent/results.json"}, "--plan-from: /nonexistent/results.json is "
                                                  "not a file"),
     ({"density": 0.05}, "--density applies to a sparse algorithm"),
+    ({"handover_steps": 0}, "--handover-steps must be an integer >= 1, got 0"),
     ({"plan_algorithms": "hitopk,auto"}, "--plan-algorithms: 'auto' is not an algorithm the "
                                          "plan ranks"),
 ])

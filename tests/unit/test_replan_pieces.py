@@ -1,10 +1,12 @@
-"""auto's re-planning pieces that need no cluster: the residuals handed over once to the next
-gradient, when a check is due, and its settings checked by name."""
+"""auto's re-planning pieces that need no cluster: the residuals handed over to the next
+gradients in equal shares, when a check is due, and its settings checked by name."""
+
+import re
 
 import pytest
 import torch
 
-from thinwire.train import replan
+from thinwire.train import checkpoint_checks, replan
 from thinwire.train.config import TrainConfig
 
 
@@ -20,6 +22,48 @@ def test_the_hand_over_is_added_to_the_next_gradient_once_before_it_is_accumulat
         opt.step()
         assert p.detach().tolist() == expected
     assert seen == [[1.5, 2.5, 3.5], [0.5, 0.5, 0.5]]
+
+
+def test_the_hand_over_is_spread_over_its_steps_and_what_is_left_is_pending():
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([p], lr=1.0)
+    handover = replan.add_to_next_gradients(opt, [p], [torch.tensor([4.0, -8.0])], steps=4)
+    assert handover.pending()[0].tolist() == [4.0, -8.0]
+    for taken in range(1, 5):
+        opt.zero_grad()
+        p.sum().backward()
+        assert p.grad.tolist() == [2.0, -1.0]  # the gradient (1) and a quarter of the owed
+        opt.step()
+        left = handover.pending()
+        assert (left is None) if taken == 4 else left[0].tolist() == [4.0 - taken, -8.0 + 2 * taken]
+    opt.zero_grad()
+    p.sum().backward()
+    assert p.grad.tolist() == [1.0, 1.0]  # all delivered: the hooks are gone
+
+
+def test_a_hand_over_taken_over_delivers_nothing_more():
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=1.0)
+    scale = [1024.0]
+    handover = replan.add_to_next_gradients(opt, [p], [torch.tensor([4096.0])], 1024.0,
+                                            lambda: scale[0], steps=2)
+    (1024.0 * p.sum()).backward()
+    opt.step()
+    scale[0] = 512.0  # what is left follows the loss scale, as a flush's residuals do
+    assert handover.pending()[0].tolist() == [1024.0]
+    handover.cancel()
+    assert handover.pending() is None
+    opt.zero_grad()
+    (512.0 * p.sum()).backward()
+    assert p.grad.tolist() == [512.0]
+
+
+@pytest.mark.parametrize("steps", [0, 1.5, None])
+def test_a_hand_over_needs_a_whole_number_of_steps(steps):
+    p = torch.nn.Parameter(torch.zeros(1))
+    with pytest.raises(ValueError, match=f"steps must be an integer >= 1, got {steps!r}"):
+        replan.add_to_next_gradients(torch.optim.SGD([p], lr=1.0), [p], [torch.ones(1)],
+                                     steps=steps)
 
 
 def test_a_step_the_scaler_skips_gets_the_hand_over_again_at_the_next_backward():
@@ -242,3 +286,36 @@ def test_a_wrapper_in_a_reference_cycle_is_collected_and_one_still_held_is_an_er
     held = _Wrapper()
     with pytest.raises(RuntimeError, match="still referenced"):
         replan._release_wrapper(_Sync(held))  # `held` keeps it: both reducers would reduce
+
+
+def test_a_hand_over_saved_mid_way_goes_on_with_the_shares_it_had_left():
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([p], lr=1.0)
+    handover = replan.add_to_next_gradients(opt, [p], [torch.tensor([4.0, -8.0])], steps=4)
+    p.sum().backward()
+    opt.step()
+    saved = handover.state_dict()
+    assert saved["left"] == 3 and saved["steps"] == 4
+    handover.cancel()  # the process ends; a new one resumes from the checkpoint
+    checkpoint_checks.check_handover(saved, [p])
+    restored = replan.HandOver.restored(opt, [p], saved)
+    for _ in range(3):
+        opt.zero_grad()
+        p.sum().backward()
+        assert p.grad.tolist() == [2.0, -1.0]  # a quarter of the owed, as before the save
+        opt.step()
+    assert restored.pending() is None
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"left": 0}, "handover.left"), ({"left": 5}, "handover.left"),
+    ({"steps": 0}, "handover.steps"), ({"scale": float("inf")}, "handover.scale"),
+    ({"owed": [torch.ones(3)]}, "handover.owed[0]"),
+    ({"owed": [torch.tensor([1.0, float("nan")])]}, "handover.owed[0]"),
+    ({"owed": []}, "handover.owed"), ({"extra": 1}, "handover"),
+])
+def test_a_checkpoints_hand_over_is_checked_by_field(change, field):
+    p = torch.nn.Parameter(torch.zeros(2))
+    saved = dict({"owed": [torch.ones(2)], "steps": 4, "left": 2, "scale": 1.0}, **change)
+    with pytest.raises(checkpoint_checks.CheckpointMismatch, match=f"field '{re.escape(field)}'"):
+        checkpoint_checks.check_handover(saved, [p])

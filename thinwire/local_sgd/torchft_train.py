@@ -137,6 +137,10 @@ class TorchftDiLoCoSync:
                               sync_every=self.cfg.sync_every)
         self._diloco.__enter__()  # registers its hooks on the loop's optimizer
 
+    def owes(self) -> bool:
+        """Nothing owed by a switch: DiLoCo is never switched to."""
+        return False
+
     def finish(self, stopped: bool) -> None:
         """Nothing in flight: torchft's DiLoCo syncs inside the optimizer step."""
 

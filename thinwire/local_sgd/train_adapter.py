@@ -62,6 +62,10 @@ class DiLoCoSync:
             sync_options=options)
         optimizer.register_step_post_hook(lambda *_: self.diloco.step())
 
+    def owes(self) -> bool:
+        """Nothing owed by a switch: DiLoCo is never switched to."""
+        return False
+
     def finish(self, stopped: bool) -> None:
         """After the last step: an exchange in flight lands (before the final evaluation),
         unless the run stopped to resume later (its checkpoint keeps the exchange, applied at

@@ -249,3 +249,32 @@ def _check_sync_state(saved, where: str, numel: int) -> None:
     for name in ("residuals", "velocities"):
         _check_tensor_dict(feedback.get(name, {}), f"{where}.feedback.{name}", numel)
     _check_layouts(feedback.get("layouts", {}), f"{where}.feedback.layouts")
+
+def check_handover(saved, params: list) -> None:
+    """A re-planning switch's residuals still owed to coming steps
+    (:meth:`thinwire.train.replan.HandOver.state_dict`): None, or per parameter of the model
+    None or a finite tensor of its shape and dtype, with 1 <= left <= steps shares and the
+    positive loss scale they were kept at."""
+    if saved is None:
+        return
+    _require(isinstance(saved, dict) and set(saved) == {"owed", "steps", "left", "scale"},
+             "handover", "None or {'owed', 'steps', 'left', 'scale'}",
+             sorted(saved) if isinstance(saved, dict) else type(saved).__name__)
+    owed = saved["owed"]
+    _require(isinstance(owed, list) and len(owed) == len(params), "handover.owed",
+             f"a list of {len(params)} entries (one per parameter)",
+             len(owed) if isinstance(owed, list) else type(owed).__name__)
+    for i, (tensor, param) in enumerate(zip(owed, params)):
+        if tensor is None:
+            continue
+        _require(isinstance(tensor, torch.Tensor) and tensor.shape == param.shape
+                 and tensor.dtype == param.dtype, f"handover.owed[{i}]",
+                 f"None or a {param.dtype} tensor of shape {tuple(param.shape)}",
+                 getattr(tensor, "shape", type(tensor).__name__))
+        _require_finite(tensor, f"handover.owed[{i}]")
+    _require(_is_int(saved["steps"]) and saved["steps"] >= 1, "handover.steps",
+             "an integer >= 1", saved["steps"])
+    _require(_is_int(saved["left"]) and 1 <= saved["left"] <= saved["steps"], "handover.left",
+             f"an integer in [1, {saved['steps']}]", saved["left"])
+    _require(_finite_number(saved["scale"], 0.0) and saved["scale"] > 0, "handover.scale",
+             "a finite number > 0", saved["scale"])

@@ -85,6 +85,14 @@ class Sync:
     # PowerSGD: parameter index -> its piece of the error memory, between a rebuild of DDP's
     # buckets and the step's bucket that holds the parameter now (empty between steps)
     loose: dict | None = None
+    # re-planning's switch to this synchronisation: the old one's residuals still owed to the
+    # next steps' gradients (thinwire.train.replan.HandOver), or None
+    handover: Any = None
+
+    def owes(self) -> bool:
+        """Whether a switch's residuals are still owed to coming steps (a checkpoint now would
+        hold neither them nor the old residuals)."""
+        return self.handover is not None and self.handover.left > 0
 
     def attach(self, optimizer) -> None:
         """Nothing: the hook runs inside backward, not after the optimizer's step."""
@@ -123,11 +131,33 @@ class Sync:
         (no collective): what a switch hands over to the next algorithm's first step
         (thinwire.train.replan)."""
         if is_thinwire(self.algorithm):
-            return thinwire.ddp.flush_residuals(self.model, average)
-        if self.algorithm == "powersgd":
-            return _flush_powersgd(self.state, self.layouts,
-                                   list(self.model.module.parameters()), average, self.loose)
-        return None, {}
+            flushed, mass = thinwire.ddp.flush_residuals(self.model, average)
+        elif self.algorithm == "powersgd":
+            flushed, mass = _flush_powersgd(self.state, self.layouts,
+                                            list(self.model.module.parameters()), average,
+                                            self.loose)
+        else:
+            flushed, mass = None, {}
+        return self._with_handover(flushed, mass, average)
+
+    def _with_handover(self, flushed: list | None, mass: dict, average: bool):
+        """``flushed`` with what a switch still owes the coming steps added (taken over: no
+        step takes it after this), averaged over the ranks where ``average``."""
+        from thinwire.sync import average_over_ranks
+
+        pending = self.handover.pending() if self.handover is not None else None
+        if pending is None:
+            return flushed, mass
+        self.handover.cancel()
+        params = list(self.model.module.parameters())
+        pending = [torch.zeros_like(p) if o is None else o.to(p.dtype)
+                   for o, p in zip(pending, params)]
+        if average:
+            pending = average_over_ranks(pending)
+        flushed = flushed or [None] * len(params)
+        flushed = [o if f is None else f + o for f, o in zip(flushed, pending)]
+        return flushed, dict(mass, owed_from_a_switch=sum(float(o.double().abs().sum())
+                                                          for o in pending))
 
     def totals(self) -> dict | None:
         """thinwire's own counters (bytes by link class, seconds selecting and communicating)."""

@@ -207,6 +207,7 @@ def _fits(cfg: TrainConfig, module: torch.nn.Module, opt, sched):
         checkpoint_checks.check_optimizer(payload["optimizer"], opt)
         checkpoint_checks.check_scheduler(payload["scheduler"], sched)
         modes.mode_of(cfg.algorithm).check_hook(payload.get("hook"), cfg.algorithm, shapes)
+        checkpoint_checks.check_handover(payload.get("handover"), list(module.parameters()))
     return check
 
 
@@ -274,6 +275,10 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
         if scaler is not None and saved.get("scaler"):
             scaler.load_state_dict(saved["scaler"])
         sync.load_state_dict(saved["hook"])
+        if saved.get("handover") is not None:  # a switch's shares still owed go on
+            sync.handover = replan.HandOver.restored(
+                opt, list(module.parameters()), saved["handover"],
+                scaler.get_scale if scaler is not None else None)
         step, epoch, position = saved["step"], saved["epoch"], saved["position"]
         metrics.load_state_dict(saved["metrics"])
         log.info("rank %d: resumed from %s at step %d (epoch %d, batch %d)", rank, resume,
@@ -295,6 +300,8 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
                 "scheduler": sched.state_dict(),
                 "scaler": scaler.state_dict() if scaler is not None else None,
                 "hook": sync.state_dict(), "step": step, "epoch": epoch, "position": position,
+                # a switch's residuals not delivered yet (replan.HandOver), or None
+                "handover": sync.handover.state_dict() if sync.owes() else None,
                 "metrics": metrics.state_dict(), "run": run_id,
                 # --algorithm auto's current choice: what a resumed auto run goes on with
                 "auto": None if chosen is None else {
@@ -323,7 +330,8 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
                 model = None  # the old wrapper is freed inside switch, before the new one
                 cfg, sync, handed_over = replan.switch(
                     replanner.cfg, chosen_now, sync, module, opt, device_ids,
-                    scaler.get_scale if scaler is not None else None)
+                    scaler.get_scale if scaler is not None else None,
+                    replanner.cfg.handover_steps)
                 model = sync.model
                 metrics.switched_sync(totals_end, sync.totals())
                 switches.append({"step": step, "to": replanner.current,
@@ -336,7 +344,7 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
 
     if rank == 0:
         say_training_started()
-    stopped, deferred_save = False, False
+    stopped = False
     while step < total_steps and not stopped and not metrics.stop_reason:
         batches = data.rank_batches(len(ds), cfg.batch_size, rank, world, cfg.seed, epoch)
         while position < len(batches) and step < total_steps and not stopped \
@@ -358,13 +366,8 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
                 run_eval()
                 if step < total_steps and not stopped:  # a switch's hand-over needs a next step
                     maybe_replan()
-            if cfg.checkpoint and cfg.checkpoint_every and \
-                    (step % cfg.checkpoint_every == 0 or deferred_save):
-                # a switch at this step left its residuals to the next backward: a
-                # checkpoint now would hold neither the old residuals nor the new
-                deferred_save = bool(switches) and switches[-1]["step"] == step
-                if not deferred_save:
-                    save_checkpoint()
+            if cfg.checkpoint and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                save_checkpoint()  # with a switch's residuals not delivered yet
         epoch_done = position >= len(batches)
         if epoch_done:
             epoch, position = epoch + 1, 0

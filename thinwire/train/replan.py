@@ -14,9 +14,11 @@ keeps its choice and the check records why.
 
 The switch (:func:`switch`): the residuals a sparse algorithm (or PowerSGD) holds back mean
 the coordinates of its own buckets and settings, so each rank hands its own over: added to its
-next gradient before the new synchronisation averages it (its error feedback keeps what it
-does not send). The mass is delivered or held (tested: applied + held = the dense average,
-through a switch either way), and the switch sends nothing of its own (a dense flush would
+next ``HANDOVER_STEPS`` gradients in equal shares (:class:`HandOver`; at once, a stale lump
+early in training cost up to 10 steps to target) before the new synchronisation averages them
+(its error feedback keeps what it does not send). The mass is delivered or held (tested:
+applied + held + still owed = the dense average, through a switch either way; a checkpoint
+holds what is still owed and a resumed run goes on taking it), and the switch sends nothing of its own (a dense flush would
 cost an all-reduce of the model, about a dense step: seconds at 25 Mbit/s, just where a switch
 to a compressed algorithm pays). With momentum correction the residuals are flushed densely
 (DGC's velocity would otherwise count them again at every step they stay unsent). The new
@@ -42,7 +44,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from thinwire import link_probe
-from thinwire.plan_choice import RECHECK_BYTES, SWITCH_MIN_GAIN
+from thinwire.plan_choice import HANDOVER_STEPS, RECHECK_BYTES, SWITCH_MIN_GAIN
 from thinwire.train import auto, grad_sync, modes
 
 log = logging.getLogger(__name__)
@@ -248,15 +250,18 @@ def resolved(original, chosen: dict):
     return auto.applied(original, chosen)
 
 
-def switch(original, chosen: dict, sync, module, optimizer, device_ids, scale_of=None):
+def switch(original, chosen: dict, sync, module, optimizer, device_ids, scale_of=None,
+           handover_steps: int = HANDOVER_STEPS):
     """Hand ``sync``'s residuals over to the synchronisation ``chosen`` names, built on
     ``module`` (collective). Returns (the new cfg, the new sync, the residuals' record).
     ``scale_of()``: the GradScaler's current loss scale (None: no scaler).
 
     Each rank's own residual (what its error feedback held back, in its gradient's units) is
-    added to its next gradient, before the new synchronisation sees it: the new algorithm
-    averages it with the gradients, and what it does not send its own error feedback keeps.
-    The mass the old one held back is delivered or held, and the switch sends nothing of its
+    added to its next ``handover_steps`` gradients in equal shares (:class:`HandOver`, held by
+    the new sync until delivered), before the new synchronisation sees them: the new algorithm
+    averages them with the gradients, and what it does not send its own error feedback keeps.
+    The mass the old one held back is delivered or held (a share not delivered yet is the new
+    sync's to flush: another switch hands it on), and the switch sends nothing of its
     own (a dense flush of the model cost about a dense step: seconds at 25 Mbit/s). The new
     synchronisation starts compressing at once (PowerSGD's dense warm-up is not run again).
     With momentum correction the residual is DGC's accumulated velocity: fed into the new
@@ -281,8 +286,10 @@ def switch(original, chosen: dict, sync, module, optimizer, device_ids, scale_of
     if owed is not None and dense_flush:
         add_once_before_step(optimizer, list(module.parameters()), owed, scale)
     elif owed is not None:
-        add_to_next_gradients(optimizer, list(module.parameters()), owed, scale, scale_of)
-    return new_cfg, new_sync, dict(mass, how="flushed densely" if dense_flush else "handed over")
+        new_sync.handover = add_to_next_gradients(optimizer, list(module.parameters()), owed,
+                                                  scale, scale_of, handover_steps)
+    how = "flushed densely" if dense_flush else f"handed over in {handover_steps} steps"
+    return new_cfg, new_sync, dict(mass, how=how)
 
 
 def _release_wrapper(sync) -> None:
@@ -302,31 +309,73 @@ def _release_wrapper(sync) -> None:
                            "second time")
 
 
-def add_to_next_gradients(optimizer, params: list, owed: list, scale: float = 1.0,
-                          scale_of=None) -> None:
-    """``owed[i]`` added to ``params[i]``'s gradient in every backward until an
-    ``optimizer.step()`` completes, before DDP's buckets take it (a hook on the parameter runs
-    before its gradient is accumulated, DDP's after): a step a GradScaler skips discards that
-    gradient, so the next backward adds it again. ``scale``: the loss scale the residuals were
-    kept at; ``scale_of()``: the scale now (the residuals follow it), None: no scaler."""
-    handles = []
+class HandOver:
+    """Residuals a switch owes the next steps' gradients: ``owed[i] / steps`` added to
+    ``params[i]``'s gradient in every backward until an ``optimizer.step()`` completes, for
+    ``steps`` completed steps (before DDP's buckets take it: a hook on the parameter runs before
+    its gradient is accumulated, DDP's after). A step a GradScaler skips discards that gradient,
+    so the next backward adds the share again. ``scale``: the loss scale the residuals were kept
+    at; ``scale_of()``: the scale now (the shares follow it), None: no scaler. What no step
+    has taken yet is :meth:`pending` (a checkpoint or another switch takes it from there)."""
 
-    def adder(extra: torch.Tensor):
+    def __init__(self, optimizer, params: list, owed: list, scale: float = 1.0, scale_of=None,
+                 steps: int = 1):
+        if not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+        self.owed, self.scale, self.scale_of = owed, scale, scale_of
+        self.steps = self.left = steps
+        self._handles = [p.register_hook(self._adder(extra))
+                         for p, extra in zip(params, owed)
+                         if extra is not None and p.requires_grad]
+        self._step_handle = optimizer.register_step_post_hook(self._stepped)
+
+    def _adder(self, extra: torch.Tensor):
         def add(grad):
-            factor = 1.0 if scale_of is None else scale_of() / scale
-            return grad + extra.to(grad.dtype) * factor
+            factor = 1.0 if self.scale_of is None else self.scale_of() / self.scale
+            return grad + extra.to(grad.dtype) * (factor / self.steps)
         return add
 
-    for p, extra in zip(params, owed):
-        if extra is not None and p.requires_grad:
-            handles.append(p.register_hook(adder(extra)))
+    def _stepped(self, opt, args, kwargs) -> None:
+        self.left -= 1
+        if self.left <= 0:
+            self.cancel()
 
-    def remove(opt, args, kwargs):
-        for handle in handles:
+    def cancel(self) -> None:
+        """No step takes anything more (another switch took :meth:`pending` over)."""
+        self.left = 0
+        for handle in self._handles:
             handle.remove()
-        step_handle.remove()
+        self._step_handle.remove()
+        self._handles = []
 
-    step_handle = optimizer.register_step_post_hook(remove)
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of it (plain tensors and numbers: loads with
+        ``weights_only=True``; checked by :func:`checkpoint_checks.check_handover`)."""
+        return {"owed": list(self.owed), "steps": self.steps, "left": self.left,
+                "scale": float(self.scale)}
+
+    @classmethod
+    def restored(cls, optimizer, params: list, saved: dict, scale_of=None) -> "HandOver":
+        """A checkpoint's hand-over, going on with the shares it had left."""
+        owed = [None if o is None else o.to(p.device) for o, p in zip(saved["owed"], params)]
+        handover = cls(optimizer, params, owed, saved["scale"], scale_of, saved["steps"])
+        handover.left = saved["left"]
+        return handover
+
+    def pending(self) -> list | None:
+        """What no completed step has taken yet, per parameter, at the loss scale now (as
+        the residuals a flush returns); None where nothing is left."""
+        if self.left <= 0:
+            return None
+        factor = 1.0 if self.scale_of is None else self.scale_of() / self.scale
+        return [None if o is None else o * (factor * self.left / self.steps)
+                for o in self.owed]
+
+
+def add_to_next_gradients(optimizer, params: list, owed: list, scale: float = 1.0,
+                          scale_of=None, steps: int = 1) -> HandOver:
+    """``owed`` handed to the next ``steps`` steps' gradients in equal shares (:class:`HandOver`)."""
+    return HandOver(optimizer, params, owed, scale, scale_of, steps)
 
 
 def add_once_before_step(optimizer, params: list, flushed: list, scale: float = 1.0) -> None:

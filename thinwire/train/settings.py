@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from thinwire import collectives
+from thinwire import collectives, plan_choice
 from thinwire.compress import SPARSE_WIRES, WIRE_DTYPES
 from thinwire.local_sgd.chunked import MAX_CHUNK
 from thinwire.local_sgd.sparse_outer import NAME as SPARSELOCO
@@ -144,6 +144,11 @@ SETTINGS: tuple[Setting, ...] = (
       "this share since the last plan", low=0.0, low_open=True, high=10.0,
       applies=lambda c: modes.mode_of(c.algorithm).resolve is not None,
       applies_to="--algorithm auto", concern="sync"),
+    S("handover_steps", int, plan_choice.HANDOVER_STEPS, "auto: a switch hands the old "
+      "algorithm's residuals to this many steps' gradients in equal shares (1: all to the "
+      "next step)", low=1,
+      applies=lambda c: modes.mode_of(c.algorithm).resolve is not None,
+      applies_to="--algorithm auto", concern="sync", metavar="STEPS"),
     S("density", float, 0.01, "top-k density of the sparse algorithms (and of a sparse DiLoCo "
       "outer step)", low=0.0, low_open=True, high=1.0, applies=_top_k,
       applies_to=lambda: f"a sparse algorithm or --outer-algorithm "
