@@ -12,7 +12,7 @@ read at the new rate (:func:`thinwire.plan_choice.decide_switch`). A switch repl
 SyncState between steps; DDP keeps its one hook and its buckets. What a sparse algorithm held
 back (its residuals mean its own buckets' coordinates) is handed over: each rank's own residual
 is added to its next ``plan_choice.HANDOVER_STEPS`` steps' buckets in equal shares before they
-are reduced (at once, a stale lump early in training cost up to 10 steps to target), so the
+are reduced (at once, a stale lump early in training: see ``HANDOVER_STEPS``), so the
 new algorithm averages it with the gradient and its error feedback keeps what it does not send; the mass is delivered or
 held and the switch exchanges nothing (the same rule as ``thinwire train``'s re-planning;
 tested: the steps' gradients add up to the ranks' dense average). With momentum correction

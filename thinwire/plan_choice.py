@@ -292,10 +292,12 @@ SWITCH_MIN_GAIN = 0.1
 RECHECK_BYTES = (256 << 10, 1 << 20)
 # A switch delivers what the old algorithm held back in equal shares over this many steps, not
 # all at the next one (thinwire train's switch and thinwire.ddp's alike). Handed to one step,
-# hitopk's residual after 14-18 steps (its unsent 95%: l1 3,500-6,400 on compare's MNIST
-# model) is a stale lump early in training, amplified by momentum: PowerSGD after the switch
-# took 40-50 steps to target over seeds 3-9, spread over 16 steps 40-48, as many or fewer at
-# every seed (50 against 42 at seed 4, 46 against 42 at seed 7; docs/results.md).
+# hitopk's residual after 12-18 steps (its unsent 95%: l1 3,500-6,400 on compare's MNIST
+# model) is a stale lump early in training that momentum carries on: at seed 4, switched at
+# step 16, 50 steps to target against 42 spread over 16 (40 with the residual dropped). Over
+# the changing-link races of seeds 3-12 (docs/results.md) the spread took a median 2 steps
+# fewer (fewer at 5 of 9 seeds, more at 3, by 2-4) and 0.98x the time: a small gain on
+# average, not at every seed.
 HANDOVER_STEPS = 16
 
 

@@ -15,7 +15,7 @@ keeps its choice and the check records why.
 The switch (:func:`switch`): the residuals a sparse algorithm (or PowerSGD) holds back mean
 the coordinates of its own buckets and settings, so each rank hands its own over: added to its
 next ``HANDOVER_STEPS`` gradients in equal shares (:class:`HandOver`; at once, a stale lump
-early in training cost up to 10 steps to target) before the new synchronisation averages them
+early in training: plan_choice.HANDOVER_STEPS says what it cost) before the new synchronisation averages them
 (its error feedback keeps what it does not send). The mass is delivered or held (tested:
 applied + held + still owed = the dense average, through a switch either way; a checkpoint
 holds what is still owed and a resumed run goes on taking it), and the switch sends nothing of its own (a dense flush would
