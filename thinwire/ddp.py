@@ -112,8 +112,9 @@ def replan(ddp_model: DistributedDataParallel, *, share: float = 0.3,
     hook to it (:mod:`thinwire.ddp_auto`). Collective: every rank calls it between the same
     two steps (after ``optimizer.step()``, before the next forward). A switch hands each
     rank's residuals to its next ``plan_choice.HANDOVER_STEPS`` steps' buckets in equal shares
-    (with momentum correction it flushes them densely into the next step's gradient). Returns the check's record; the state
-    to checkpoint afterwards is :func:`state_of` ``(ddp_model)`` (a new one after a switch).
+    (with momentum correction it flushes them densely into the next step's gradient). Returns
+    the check's record; the state to checkpoint afterwards is :func:`state_of`
+    ``(ddp_model)`` (a new one after a switch).
 
     ``every_s``: call it after every step; it checks only every ``every_s`` seconds (rank 0's
     clock; the interval doubles after each check that found the link steady, up to 8 x

@@ -12,9 +12,10 @@ read at the new rate (:func:`thinwire.plan_choice.decide_switch`). A switch repl
 SyncState between steps; DDP keeps its one hook and its buckets. What a sparse algorithm held
 back (its residuals mean its own buckets' coordinates) is handed over: each rank's own residual
 is added to its next ``plan_choice.HANDOVER_STEPS`` steps' buckets in equal shares before they
-are reduced (at once, a stale lump early in training: see ``HANDOVER_STEPS``), so the
-new algorithm averages it with the gradient and its error feedback keeps what it does not send; the mass is delivered or
-held and the switch exchanges nothing (the same rule as ``thinwire train``'s re-planning;
+are reduced (at once it is a stale lump early in training: see ``HANDOVER_STEPS``), so the new
+algorithm averages it with the gradient and its error feedback keeps what it does not send; the
+mass is delivered or held and the switch exchanges nothing (the same rule as ``thinwire
+train``'s re-planning;
 tested: the steps' gradients add up to the ranks' dense average). With momentum correction
 they are flushed densely instead (averaged, added after the next step's reduction): DGC's
 velocity would count a handed-over residual again at every step it stays unsent. The new state
@@ -410,8 +411,9 @@ def _switch(context, auto: AutoContext, probe: dict, algorithm: str, settings: d
             record: dict) -> None:
     """Register the new state and hand this rank's residuals of the current one over to it:
     the hook adds them to the next ``HANDOVER_STEPS`` steps' buckets in equal shares before
-    they are reduced (its pending), so the new algorithm averages them with the gradient and its own error feedback keeps what
-    it does not send. Nothing is exchanged for the switch. With momentum correction (DGC's
+    they are reduced (its pending), so the new algorithm averages them with the gradient and
+    its own error feedback keeps what it does not send. Nothing is exchanged for the switch.
+    With momentum correction (DGC's
     velocity would count a handed-over residual again at every step it stays unsent) they
     are flushed densely instead: averaged in one all-reduce, added after the reduction."""
     from thinwire.sync import flush_indexed

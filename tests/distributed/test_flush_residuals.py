@@ -51,9 +51,9 @@ def test_a_switch_hands_the_residuals_over_and_nothing_is_lost():
             assert r["owed_after"] == (steps == "16") and not r["owed_after_flush"], (name, r)
         assert rank["hitopk->powersgd in 16"]["compressed_at_once"]
         # dense: nothing held after, but for the shares not delivered yet
-        assert rank["hitopk->allreduce in 16"]["held_after"]["owed_from_a_switch"] > 0
+        assert rank["hitopk->allreduce in 16"]["held_after"]["owed_from_a_switch_l1"] > 0
         assert rank["hitopk->allreduce in 2"]["held_after"].get("l1", 0) == 0
-        assert "owed_from_a_switch" not in rank["hitopk->allreduce in 2"]["held_after"]
+        assert "owed_from_a_switch_l1" not in rank["hitopk->allreduce in 2"]["held_after"]
 
 
 def test_with_momentum_correction_a_switch_flushes_densely():

@@ -250,6 +250,7 @@ def _check_sync_state(saved, where: str, numel: int) -> None:
         _check_tensor_dict(feedback.get(name, {}), f"{where}.feedback.{name}", numel)
     _check_layouts(feedback.get("layouts", {}), f"{where}.feedback.layouts")
 
+
 def check_handover(saved, params: list) -> None:
     """A re-planning switch's residuals still owed to coming steps
     (:meth:`thinwire.train.replan.HandOver.state_dict`): None, or per parameter of the model

@@ -90,8 +90,8 @@ class Sync:
     handover: Any = None
 
     def owes(self) -> bool:
-        """Whether a switch's residuals are still owed to coming steps (a checkpoint now would
-        hold neither them nor the old residuals)."""
+        """Whether a switch's residuals are still owed to coming steps (a checkpoint then
+        keeps them beside the hook's state: ``HandOver.state_dict``)."""
         return self.handover is not None and self.handover.left > 0
 
     def attach(self, optimizer) -> None:
@@ -156,8 +156,8 @@ class Sync:
             pending = average_over_ranks(pending)
         flushed = flushed or [None] * len(params)
         flushed = [o if f is None else f + o for f, o in zip(flushed, pending)]
-        return flushed, dict(mass, owed_from_a_switch=sum(float(o.double().abs().sum())
-                                                          for o in pending))
+        return flushed, dict(mass, owed_from_a_switch_l1=sum(float(o.double().abs().sum())
+                                                             for o in pending))
 
     def totals(self) -> dict | None:
         """thinwire's own counters (bytes by link class, seconds selecting and communicating)."""

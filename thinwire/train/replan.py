@@ -14,12 +14,13 @@ keeps its choice and the check records why.
 
 The switch (:func:`switch`): the residuals a sparse algorithm (or PowerSGD) holds back mean
 the coordinates of its own buckets and settings, so each rank hands its own over: added to its
-next ``HANDOVER_STEPS`` gradients in equal shares (:class:`HandOver`; at once, a stale lump
-early in training: plan_choice.HANDOVER_STEPS says what it cost) before the new synchronisation averages them
-(its error feedback keeps what it does not send). The mass is delivered or held (tested:
-applied + held + still owed = the dense average, through a switch either way; a checkpoint
-holds what is still owed and a resumed run goes on taking it), and the switch sends nothing of its own (a dense flush would
-cost an all-reduce of the model, about a dense step: seconds at 25 Mbit/s, just where a switch
+next ``HANDOVER_STEPS`` gradients in equal shares (:class:`HandOver`; at once it is a stale
+lump early in training: ``plan_choice.HANDOVER_STEPS`` says what that cost) before the new
+synchronisation averages them (its error feedback keeps what it does not send). The mass is
+delivered or held (tested: applied + held + still owed = the dense average, through a switch
+either way; a checkpoint holds what is still owed and a resumed run goes on taking it), and
+the switch sends nothing of its own (a dense flush would cost an all-reduce of the model,
+about a dense step: seconds at 25 Mbit/s, just where a switch
 to a compressed algorithm pays). With momentum correction the residuals are flushed densely
 (DGC's velocity would otherwise count them again at every step they stay unsent). The new
 choice starts compressing at once: PowerSGD's dense warm-up steps are not run again. A switch
@@ -374,7 +375,8 @@ class HandOver:
 
 def add_to_next_gradients(optimizer, params: list, owed: list, scale: float = 1.0,
                           scale_of=None, steps: int = 1) -> HandOver:
-    """``owed`` handed to the next ``steps`` steps' gradients in equal shares (:class:`HandOver`)."""
+    """``owed`` handed to the next ``steps`` steps' gradients in equal shares
+    (:class:`HandOver`)."""
     return HandOver(optimizer, params, owed, scale, scale_of, steps)
 
 
