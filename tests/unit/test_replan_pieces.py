@@ -13,7 +13,7 @@ from thinwire.train.config import TrainConfig
 def test_the_hand_over_is_added_to_the_next_gradient_once_before_it_is_accumulated():
     p = torch.nn.Parameter(torch.zeros(3))
     opt = torch.optim.SGD([p], lr=1.0)
-    replan.add_to_next_gradients(opt, [p], [torch.tensor([1.0, 2.0, 3.0])])
+    replan.HandOver(opt, [p], [torch.tensor([1.0, 2.0, 3.0])])
     seen = []  # what a DDP reducer's hook after accumulation would read
     p.register_post_accumulate_grad_hook(lambda param: seen.append(param.grad.tolist()))
     for expected in ([-1.5, -2.5, -3.5], [-2.0, -3.0, -4.0]):  # then only the gradient
@@ -27,7 +27,7 @@ def test_the_hand_over_is_added_to_the_next_gradient_once_before_it_is_accumulat
 def test_the_hand_over_is_spread_over_its_steps_and_what_is_left_is_pending():
     p = torch.nn.Parameter(torch.zeros(2))
     opt = torch.optim.SGD([p], lr=1.0)
-    handover = replan.add_to_next_gradients(opt, [p], [torch.tensor([4.0, -8.0])], steps=4)
+    handover = replan.HandOver(opt, [p], [torch.tensor([4.0, -8.0])], steps=4)
     assert handover.pending()[0].tolist() == [4.0, -8.0]
     for taken in range(1, 5):
         opt.zero_grad()
@@ -45,7 +45,7 @@ def test_a_hand_over_taken_over_delivers_nothing_more():
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=1.0)
     scale = [1024.0]
-    handover = replan.add_to_next_gradients(opt, [p], [torch.tensor([4096.0])], 1024.0,
+    handover = replan.HandOver(opt, [p], [torch.tensor([4096.0])], 1024.0,
                                             lambda: scale[0], steps=2)
     (1024.0 * p.sum()).backward()
     opt.step()
@@ -62,14 +62,14 @@ def test_a_hand_over_taken_over_delivers_nothing_more():
 def test_a_hand_over_needs_a_whole_number_of_steps(steps):
     p = torch.nn.Parameter(torch.zeros(1))
     with pytest.raises(ValueError, match=f"steps must be an integer >= 1, got {steps!r}"):
-        replan.add_to_next_gradients(torch.optim.SGD([p], lr=1.0), [p], [torch.ones(1)],
+        replan.HandOver(torch.optim.SGD([p], lr=1.0), [p], [torch.ones(1)],
                                      steps=steps)
 
 
 def test_a_step_the_scaler_skips_gets_the_hand_over_again_at_the_next_backward():
     p = torch.nn.Parameter(torch.zeros(2))
     opt = torch.optim.SGD([p], lr=1.0)
-    replan.add_to_next_gradients(opt, [p], [torch.tensor([4.0, -4.0])])
+    replan.HandOver(opt, [p], [torch.tensor([4.0, -4.0])])
     p.sum().backward()  # an overflow: the scaler skips opt.step() and the gradient goes
     assert p.grad.tolist() == [5.0, -3.0]
     opt.zero_grad()
@@ -86,7 +86,7 @@ def test_the_hand_over_follows_the_loss_scale():
     opt = torch.optim.SGD([p], lr=1.0)
     scale = [1024.0]
     # kept at a scale of 1024 (3 unscaled); the scaler halved it since
-    replan.add_to_next_gradients(opt, [p], [torch.tensor([3072.0])], 1024.0, lambda: scale[0])
+    replan.HandOver(opt, [p], [torch.tensor([3072.0])], 1024.0, lambda: scale[0])
     scale[0] = 512.0
     (512.0 * p.sum()).backward()
     assert p.grad.tolist() == [512.0 + 1536.0]
@@ -123,7 +123,7 @@ def test_a_new_choice_starts_from_the_runs_own_settings_not_the_last_choices():
 def test_only_parameters_owed_something_get_it_and_only_where_they_have_a_gradient():
     a, b, c = (torch.nn.Parameter(torch.zeros(2)) for _ in range(3))
     opt = torch.optim.SGD([a, b, c], lr=1.0)
-    replan.add_to_next_gradients(opt, [a, b, c], [None, torch.ones(2), torch.ones(2)])
+    replan.HandOver(opt, [a, b, c], [None, torch.ones(2), torch.ones(2)])
     (a.sum() + b.sum()).backward()  # c takes no part in this step: its hook does not fire
     assert a.grad.tolist() == [1.0, 1.0] and b.grad.tolist() == [2.0, 2.0] and c.grad is None
 
@@ -291,7 +291,7 @@ def test_a_wrapper_in_a_reference_cycle_is_collected_and_one_still_held_is_an_er
 def test_a_hand_over_saved_mid_way_goes_on_with_the_shares_it_had_left():
     p = torch.nn.Parameter(torch.zeros(2))
     opt = torch.optim.SGD([p], lr=1.0)
-    handover = replan.add_to_next_gradients(opt, [p], [torch.tensor([4.0, -8.0])], steps=4)
+    handover = replan.HandOver(opt, [p], [torch.tensor([4.0, -8.0])], steps=4)
     p.sum().backward()
     opt.step()
     saved = handover.state_dict()

@@ -287,8 +287,8 @@ def switch(original, chosen: dict, sync, module, optimizer, device_ids, scale_of
     if owed is not None and dense_flush:
         add_once_before_step(optimizer, list(module.parameters()), owed, scale)
     elif owed is not None:
-        new_sync.handover = add_to_next_gradients(optimizer, list(module.parameters()), owed,
-                                                  scale, scale_of, handover_steps)
+        new_sync.handover = HandOver(optimizer, list(module.parameters()), owed, scale,
+                                     scale_of, handover_steps)
     how = "flushed densely" if dense_flush else f"handed over in {handover_steps} steps"
     return new_cfg, new_sync, dict(mass, how=how)
 
@@ -371,13 +371,6 @@ class HandOver:
         factor = 1.0 if self.scale_of is None else self.scale_of() / self.scale
         return [None if o is None else o * (factor * self.left / self.steps)
                 for o in self.owed]
-
-
-def add_to_next_gradients(optimizer, params: list, owed: list, scale: float = 1.0,
-                          scale_of=None, steps: int = 1) -> HandOver:
-    """``owed`` handed to the next ``steps`` steps' gradients in equal shares
-    (:class:`HandOver`)."""
-    return HandOver(optimizer, params, owed, scale, scale_of, steps)
 
 
 def add_once_before_step(optimizer, params: list, flushed: list, scale: float = 1.0) -> None:
