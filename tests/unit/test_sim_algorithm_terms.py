@@ -11,7 +11,8 @@ from thinwire.sim.calibrate import (Run, read_run, bytes_key, bytes_scales, fit,
 from thinwire.sim.compute import uniform
 from thinwire.sim.holdout import holdout
 
-TRUE = {"inter_alpha_s": 3e-4, "inter_efficiency": 0.8, "intra_alpha_s": 1e-4,
+# goodput at the prior's 0.9: one rate cannot tell another ratio from a host cost per byte
+TRUE = {"inter_alpha_s": 3e-4, "inter_efficiency": 0.9, "intra_alpha_s": 1e-4,
         "intra_bandwidth_Bps": 2e9, "sparse_rate": 5e7, "sparse_alpha_s": 2e-3,
         "pass_rate": 1e9, "compute_s": [0.3], "phase_form": "max"}
 ALGORITHMS = ("allreduce", "hier_allreduce", "topk_allgather", "hitopk")
