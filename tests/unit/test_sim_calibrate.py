@@ -5,7 +5,8 @@ import json
 import pytest
 
 from thinwire.cli import main as thinwire_main
-from thinwire.sim.calibrate import Run, calibrate, fit, predict, read_runs
+from thinwire.sim.calibrate import (PRIOR_INTRA_ALPHA_S, Run, calibrate, fit, predict,
+                                    read_runs)
 from thinwire.sim.compute import uniform
 
 ALGORITHMS = ("allreduce", "hier_allreduce", "topk_allgather", "hitopk")
@@ -32,9 +33,15 @@ def _synthetic_runs(params):
 
 def test_fit_recovers_known_parameters():
     fitted, sse = fit(_synthetic_runs(TRUE))
-    assert sse < 1e-8  # not 0: the weak prior on inter_efficiency (0.9, true 0.8) pulls a little
+    # not 0: the weak priors (goodput 0.9, true 0.8; intra-node latency 50 us, true 100 us) pull
+    assert sse < 2e-7
     for name, value in TRUE.items():
-        assert fitted[name] == pytest.approx(value, rel=0.02), name
+        if name == "intra_alpha_s":  # these runs barely see it: the prior moves it part way
+            assert PRIOR_INTRA_ALPHA_S < fitted[name] <= value * 1.02
+            continue
+        # the intra-node bandwidth and the per-selection cost make up a little of what the
+        # latency lost
+        assert fitted[name] == pytest.approx(value, rel=0.03), name
 
 
 def test_fit_without_component_measurements_still_matches_iteration_times():

@@ -121,6 +121,13 @@ WIRE_BOUND_SHARE = 0.5  # ... fitted only from runs whose wire takes less of the
 # It also splits a byte's time between the wire and the host where the runs share one link
 # rate: there both scale with the bytes alike, and only two or more rates tell them apart.
 PRIOR_EFFICIENCY, PRIOR_WEIGHT = 0.9, 0.005
+# A weaker pull of the intra-node latency towards 50 us (a message over loopback TCP):
+# shaped runs hardly see it (their intra-node phases hide behind the inter-node ones), so it
+# wandered where the optimiser stopped - 3 us in one fit, 12 ms in the next with the same
+# residuals to 0.5% - and an unshaped plan, whose nodes talk over that link too, inherited it
+# (PowerSGD's many small all-reduces predicted 2.7x too slow on the LM).
+PRIOR_INTRA_ALPHA_S, PRIOR_INTRA_WEIGHT = 5e-5, 0.0005
+PRIORS = 2  # residuals the priors append after the runs' own
 # Overlap of communication with the backward pass. "hooks" (the default) follows how each run's
 # hook runs instead of fitting it: DDP's own all-reduce and the fp16 hook return a future at
 # once, so their buckets run behind the rest of the backward pass on DDP's bucket schedule;
@@ -485,6 +492,7 @@ def _residuals(x, runs, overlap, form="sum", scales=None, extras=None):
     params = _unpack(x, form, scales, extras)
     out = list(_residuals_of(runs, params, overlap))
     out.append(PRIOR_WEIGHT * math.log(params["inter_efficiency"] / PRIOR_EFFICIENCY))
+    out.append(PRIOR_INTRA_WEIGHT * math.log(params["intra_alpha_s"] / PRIOR_INTRA_ALPHA_S))
     return np.array(out)
 
 
@@ -548,7 +556,7 @@ def _fit_shared(x0, runs, overlap, form, scales, extras, bounds, evaluations) ->
                            x_scale=1.0, diff_step=1e-4, max_nfev=evaluations * len(x0),
                            **({"loss": SHARED_LOSS, "f_scale": SHARED_LOSS_SCALE}
                               if SHARED_LOSS != "linear" else {}))
-    data = _residuals(result.x, *args)[:-1]  # the runs' residuals, without the prior
+    data = _residuals(result.x, *args)[:-PRIORS]  # the runs' residuals, without the priors
     return result.x, float(data @ data)
 
 
