@@ -63,7 +63,8 @@ def test_the_training_loop_probes_its_compute_before_choosing(tmp_path):
     record = run_ranks(auto_workers.train_auto, 2, str(path))[0]
     compute = record["compute"]
     assert compute["probed_ms"] > 0 and compute["calibration_ms"] == pytest.approx(80.0)
-    assert compute["planned_ms"] == pytest.approx(80.0 * compute["scale"])
+    # the plan's compute is the fit's, which meets the runs' 80 ms to the fit's precision
+    assert compute["planned_ms"] == pytest.approx(80.0 * compute["scale"], rel=1e-4)
 
 
 def test_the_intra_node_probe_gives_every_rank_the_slowest_nodes_numbers():
