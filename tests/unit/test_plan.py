@@ -206,6 +206,12 @@ def test_calibration_runs_paced_by_the_host_are_named_in_a_warning(tmp_path, cap
     out = capsys.readouterr().out
     assert "warning: 1 of 6 calibration runs were paced by the host" in out
     assert "allreduce@50mbit" in out
+    assert "inter-node byte: the wire at " in out  # with the host's time, fitted or not
+
+
+def test_the_plan_records_the_hosts_time_per_byte(plan):
+    result, _ = plan
+    assert result["inter_host_s_per_byte"] >= 0.0  # the JSON carries it beside the goodput
 
 
 def test_thinwire_plans_json_is_what_ddp_register_auto_reads(plan):
