@@ -32,13 +32,11 @@ Fitted (log-space least squares within physical bounds, scipy): inter-node laten
 goodput/nominal ratio, the host's time per inter-node byte (CPU work of sending, paid in series
 with the wire: on the emulator's 2 cores it set the LM's pace at 1 Gbit/s, where a fit without
 it read the host as a link at half its rate), intra-node latency and bandwidth, one rate for
-selection and index_add
-plus a fixed cost per selection call, the rate of PowerSGD's memory-bound passes over a bucket
-(identified only where a powersgd run is among the data), and one compute time (forward +
-backward + step) per
-setting - on the emulated cluster every rank shares the host's cores, so compute time depends
-on the setting, and selection (work of the same cores) is slowed by the same factor as compute
-relative to the fastest setting. Residuals, all relative to the run's iteration time:
+selection and index_add plus a fixed cost per selection call, the rate of PowerSGD's
+memory-bound passes over a bucket (identified only where a powersgd run is among the data),
+and one compute time (forward + backward + step) per setting - on the emulated cluster every
+rank shares the host's cores, so compute time depends on the setting, and selection (work of
+the same cores) is slowed by the same factor as compute relative to the fastest setting. Residuals, all relative to the run's iteration time:
 iteration time, compute time and total hook time (where measured).
 
 Two terms are each algorithm's own, learned from the calibration runs and carried to any rate:
@@ -542,8 +540,8 @@ def host_may_pace(runs: list[Run]) -> bool:
     monitor found every run's pace set by its link, the host's share of a byte's time is a few
     percent of the wire's, below the runs' noise, and a free host term took that noise (fitted
     at 50 Mbit/s on the recorded sweeps it came out between a quarter of and 20 times what
-    their faster rates showed, and carried that to them); the goodput takes the whole byte there. Runs without a verdict (files from elsewhere) leave it
-    to the fit."""
+    their faster rates showed, and carried that to them); the goodput takes the whole byte
+    there. Runs without a verdict (files from elsewhere) leave it to the fit."""
     verdicts = [r.extra["fidelity"] for r in runs if "fidelity" in r.extra]
     return not verdicts or any(v != "link" for v in verdicts)
 

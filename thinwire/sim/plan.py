@@ -384,8 +384,8 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
         "phase_form": form, "overlap": mode_name(mode), "calibrate_at": calibrate_at,
         # the probe's goodput over this is the nominal rate (thinwire.plan_choice reads it)
         "inter_efficiency": params.get("inter_efficiency"),
-        # the host's seconds per inter-node byte beside the wire's (0: not fitted, every
-        # calibration run's pace was its link's)
+        # the host's seconds per inter-node byte beside the wire's (~0 where every calibration
+        # run's pace was its link's: then it is held at its floor, not fitted)
         "inter_host_s_per_byte": params.get("inter_host_s_per_byte", 0.0),
         # DiLoCo's fitted cost beyond its phases (None: the calibration held no DiLoCo run)
         "diloco_extra": params.get("diloco_extra"),
