@@ -36,8 +36,9 @@ selection and index_add plus a fixed cost per selection call, the rate of PowerS
 memory-bound passes over a bucket (identified only where a powersgd run is among the data),
 and one compute time (forward + backward + step) per setting - on the emulated cluster every
 rank shares the host's cores, so compute time depends on the setting, and selection (work of
-the same cores) is slowed by the same factor as compute relative to the fastest setting. Residuals, all relative to the run's iteration time:
-iteration time, compute time and total hook time (where measured).
+the same cores) is slowed by the same factor as compute relative to the fastest setting.
+Residuals, all relative to the run's iteration time: iteration time, compute time and total
+hook time (where measured).
 
 Two terms are each algorithm's own, learned from the calibration runs and carried to any rate:
 
