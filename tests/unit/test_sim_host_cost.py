@@ -92,3 +92,20 @@ def test_two_rates_tell_the_goodput_from_the_host(tmp_path):
     params, _ = fit(two, overlap="hooks", form="max")
     assert params["inter_efficiency"] == pytest.approx(0.7, rel=0.05)
     assert params["inter_host_s_per_byte"] == pytest.approx(5e-9, rel=0.2)
+
+
+def test_the_hosts_time_is_not_the_wires_when_choosing_runs_for_the_constants():
+    """An algorithm's own constant is fitted from runs whose wire is under half the step; the
+    host's time per byte is CPU work like the constant, so it does not count as wire (counted,
+    ddp at 1 Gbit/s lost its constant on the LM and the plan ranked it ahead of ddp-fp16)."""
+    from thinwire.sim.calibrate import wire_share
+
+    run = Run("s", "allreduce", "allreduce", 2, 2, 1e9, "u", uniform(2_000_000), 0.01, None,
+              0.1)
+    params = dict(TRUE, bytes_scale={}, step_extra_s={})
+    without = dict(params, inter_host_s_per_byte=0.0)
+    # 12 MB on the wire at 0.9 Gbit/s: 107 ms against a 100 ms step, with or without the
+    # 120 ms the host adds at 10 ns a byte
+    assert wire_share(run, params, "hooks") == pytest.approx(wire_share(run, without, "hooks"))
+    assert wire_share(run, params, "hooks") == pytest.approx(
+        predict(run, params, "hooks")["inter_node_mb_per_iter"] * 1e6 * 8 / 0.9e9 / 0.1)
