@@ -595,9 +595,9 @@ def refit_step_extras(runs: list[Run], params: dict, overlap) -> dict:
 def wire_share(run: Run, params: dict, overlap) -> float:
     """The share of ``run``'s measured step that its inter-node bytes take on the wire. The
     host's time per byte is not counted: it is the host's CPU work, of a kind with the
-    algorithm's own constant. (Counted, it left ddp, whose 10 MB a step the LM's runs at
-    1 Gbit/s mostly spend on the host, without its constant, and the plan ranked it ahead of
-    ddp-fp16 there, which ran 8-11% faster a step at four seeds: tests hold the rule.)"""
+    algorithm's own constant. (Counted, it left ddp, whose 10 MB a step cost the LM's runs at
+    1 Gbit/s about as much host time as wire time, without its constant, and the plan ranked it
+    ahead of ddp-fp16 there, which ran 8-11% faster a step at four seeds: tests hold the rule.)"""
     if run.inter_bps is None:
         return 0.0
     row = predict(run, params, overlap)
