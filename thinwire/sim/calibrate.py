@@ -366,8 +366,13 @@ def inter_s_per_byte(params: dict, inter_bps: float, bytes_scale: float = 1.0) -
     stack, gloo's reduction - paid in series with the wire where the ranks' compute already
     holds the cores), both times ``bytes_scale``. Calibrations fitted before the host term
     existed lack it and read as 0."""
-    wire_s = 8 / (params["inter_efficiency"] * inter_bps)
-    return bytes_scale * (wire_s + params.get("inter_host_s_per_byte", 0.0))
+    return bytes_scale * (_wire_s_per_byte(params, inter_bps)
+                          + params.get("inter_host_s_per_byte", 0.0))
+
+
+def _wire_s_per_byte(params: dict, inter_bps: float) -> float:
+    """A byte's time on the wire at the fitted goodput (the host's time per byte left out)."""
+    return 8 / (params["inter_efficiency"] * inter_bps)
 
 
 def bytes_key(run: Run) -> tuple:
@@ -601,9 +606,9 @@ def wire_share(run: Run, params: dict, overlap) -> float:
     if run.inter_bps is None:
         return 0.0
     row = predict(run, params, overlap)
-    bytes_s = row["inter_node_mb_per_iter"] * 1e6 * inter_s_per_byte(
-        dict(params, inter_host_s_per_byte=0.0), run.inter_bps, bytes_scale_of(params, run))
-    return bytes_s / run.iteration_s
+    wire_s = row["inter_node_mb_per_iter"] * 1e6 * bytes_scale_of(params, run) \
+        * _wire_s_per_byte(params, run.inter_bps)
+    return wire_s / run.iteration_s
 
 
 def _residuals_of(runs: list[Run], params: dict, overlap) -> np.ndarray:
