@@ -6,9 +6,9 @@ import json
 import pytest
 
 from thinwire.cli import main as thinwire_main
-from thinwire.sim.calibrate import Run, predict
+from thinwire.sim.calibrate import Run, host_may_pace, predict
 from thinwire.sim.compute import uniform
-from thinwire.sim.holdout import holdout
+from thinwire.sim.holdout import holdout, median_of_repeats
 
 ALGORITHMS = ("allreduce", "hier_allreduce", "topk_allgather", "hitopk")
 # At one link rate the goodput ratio and the host's time per byte cannot be told apart (both
@@ -154,6 +154,21 @@ def test_median_of_repeats_takes_each_runs_median(tmp_path):
         assert a["error_calibrated"] == pytest.approx(b["error_calibrated"], abs=1e-3)
     with pytest.raises(ValueError, match="repeats must be one of each, median, got 'mean'"):
         holdout(paths, "200mbit", repeats="mean")
+
+
+def test_a_repetition_paced_by_its_host_keeps_the_host_term_free():
+    """The fit holds the host's time per byte at its floor only where every run measured its
+    link: a group of repetitions counts as paced by its host where any one of them was."""
+    def run(verdict, seconds):
+        return Run(f"rep {verdict}", "ddp", "allreduce", 2, 2, 1e9, "u", uniform(1000), 0.01,
+                   None, seconds, extra={"fidelity": verdict, "inter_node_mb_per_iter": 4.0})
+
+    (merged,) = median_of_repeats([run("link", 0.30), run("host", 0.40), run("link", 0.20)])
+    assert merged.iteration_s == pytest.approx(0.30)
+    assert merged.extra == {"fidelity": "host", "inter_node_mb_per_iter": 4.0}
+    assert host_may_pace([merged])
+    (steady,) = median_of_repeats([run("link", 0.30), run("link", 0.20)])
+    assert steady.extra["fidelity"] == "link" and not host_may_pace([steady])
 
 
 def test_a_max_form_world_is_predicted_by_the_max_form_not_by_the_sum():

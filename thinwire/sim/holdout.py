@@ -68,8 +68,20 @@ def median_of_repeats(runs: list[Run]) -> list[Run]:
     return [dataclasses.replace(
         group[0], source=f"median of {len(group)}: " + ", ".join(r.source for r in group),
         iteration_s=median(r.iteration_s for r in group),
-        compute_s=median(r.compute_s for r in group), hook_s=median(r.hook_s for r in group))
+        compute_s=median(r.compute_s for r in group), hook_s=median(r.hook_s for r in group),
+        extra=_merged_extra(group))
         for group in groups.values()]
+
+
+def _merged_extra(group: list[Run]) -> dict:
+    """The first repetition's extras, with a fidelity verdict of "link" only where every
+    repetition that has one says so: a host that paced one repetition lets the fit weigh the
+    host's time per byte, as it does with each run on its own."""
+    extra = dict(group[0].extra)
+    verdicts = [r.extra["fidelity"] for r in group if "fidelity" in r.extra]
+    if verdicts:
+        extra["fidelity"] = next((v for v in verdicts if v != "link"), "link")
+    return extra
 
 
 def holdout(paths, calibrate_at: str, overlap: str = "hooks", repeats: str = "each",
