@@ -227,3 +227,36 @@ def test_thinwire_plans_json_is_what_ddp_register_auto_reads(plan):
         algorithm, _, record = plan_choice.choose(loaded, one["inter_node_bps"] * efficiency / 8)
         assert record["planned_at_bps"] == pytest.approx(one["inter_node_bps"])
         assert algorithm == one["best"]["algorithm"]  # at a plan's own rate: its best
+
+
+def test_repeated_sweeps_are_fitted_by_their_median_where_asked(tmp_path):
+    """Three repetitions of a sweep, one disturbed (every step 1.6x) and one fast (0.7x):
+    fitted by their median the plan is the clean sweep's; fitted run by run it is not. The
+    choice of rule is recorded, and an unknown one is refused by name."""
+    clean = _results(tmp_path)
+    data = json.loads(clean.read_text())
+    copies = []
+    for i, factor in enumerate((1.0, 1.6, 0.7)):
+        copy = tmp_path / f"rep{i}.json"
+        copy.write_text(json.dumps({**data, "runs": [
+            {**r, "iteration_s": r["iteration_s"] * factor} for r in data["runs"]]}))
+        copies.append(copy)
+
+    def times(result):
+        return [row["time_to_target_s"] for one in result["plans"] for row in one["rows"]
+                if row["time_to_target_s"] is not None]
+
+    single = make_plan([clean], [clean], None, None, None, ["100mbit"], with_break_even=False)
+    median = make_plan(copies, [clean], None, None, None, ["100mbit"], with_break_even=False,
+                       repeats="median")
+    each = make_plan(copies, [clean], None, None, None, ["100mbit"], with_break_even=False)
+    assert median["repeats"] == "median" and each["repeats"] == "each"
+    assert times(median) == pytest.approx(times(single), rel=1e-6)
+    assert times(each) != pytest.approx(times(single), rel=0.02)
+    with pytest.raises(ValueError, match="repeats must be one of each, median, got 'mean'"):
+        make_plan(copies, [clean], None, None, None, ["100mbit"], repeats="mean")
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--calibrate", *map(str, copies), "--steps-from", str(clean),
+            "--repeats", "median", "--inter-node-bandwidth", "100mbit", "--json", str(out)]
+    assert thinwire_main(argv) == 0
+    assert json.loads(out.read_text())["repeats"] == "median"

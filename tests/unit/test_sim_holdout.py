@@ -8,7 +8,8 @@ import pytest
 from thinwire.cli import main as thinwire_main
 from thinwire.sim.calibrate import Run, host_may_pace, predict
 from thinwire.sim.compute import uniform
-from thinwire.sim.holdout import holdout, median_of_repeats
+from thinwire.sim.holdout import holdout
+from thinwire.sim.repeats import median_of_repeats
 
 ALGORITHMS = ("allreduce", "hier_allreduce", "topk_allgather", "hitopk")
 # At one link rate the goodput ratio and the host's time per byte cannot be told apart (both

@@ -99,7 +99,7 @@ def run(args) -> int:
     check_plan_inputs(args)
     plan = make_plan(args.calibrate, args.steps_from or args.calibrate, args.workload,
                      args.nodes, args.ranks_per_node, rates, calibrate_at=args.calibrate_at,
-                     with_break_even=False, steps_to=args.steps_to)
+                     with_break_even=False, steps_to=args.steps_to, repeats=args.repeats)
     rows = holdout_rows(plan)
     if not rows:
         raise ValueError("--steps-from: fewer than two seeds measured for two candidates or "

@@ -22,6 +22,7 @@ from thinwire.sim import compute
 from thinwire.sim.collectives import AlgorithmConfig, Cluster, names as algorithm_names
 from thinwire.sim.iteration import SCALING_NODES, scaling, simulate
 from thinwire.sim.network import GBIT, NETWORKS, network
+from thinwire.sim.repeats import add_repeats_option
 from thinwire.sync import DEFAULT_BUCKET_BYTES
 
 MAX_NODES, MAX_GPUS_PER_NODE = costs.MAX_NODES, costs.MAX_RANKS_PER_NODE  # Cluster's bounds
@@ -86,9 +87,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--phase-form", default="sum", choices=("sum", "max"),
                    help="calibration: a phase costs its fixed cost plus its wire time (sum, the "
                         "alpha-beta model) or the larger of the two (max)")
-    p.add_argument("--repeats", default="each", choices=("each", "median"),
-                   help="with --calibrate-at: use each run, or the median of a run's "
-                        "repetitions (several results files of the same sweep)")
+    add_repeats_option(p)
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--plot", default=None,
                    help="PNG path (default: beside --json, else results/simulate.png)")

@@ -29,15 +29,14 @@ prediction rests on that assumption.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections import defaultdict
 
 from thinwire.sim.calibrate import (DILOCO_APART, Run, rate_bps, reindexed, fit, mode_name,
                                     overlap_modes, predict, read_runs, scales_json)
 from thinwire.sim.diloco_fit import fit_extra, placed_on, predicted_step, read_diloco_runs
+from thinwire.sim.repeats import check_repeats, median_of_repeats
 
 COMPUTE_SOURCES = ("calibrated", "probe")
-REPEATS = ("each", "median")
 SENSITIVITY = 0.8   # each inter-node parameter scaled by this factor
 IDENTIFIED = 0.02   # ... must move some calibration run's prediction by at least this much
 
@@ -52,38 +51,6 @@ def _held_out_prediction(run: Run, params: dict, train: list[Run], compute_s: fl
     return predict(placed, extended, overlap)["iteration_s"]
 
 
-def median_of_repeats(runs: list[Run]) -> list[Run]:
-    """One run per (algorithm, rate, cluster, model, options): the median of its repetitions'
-    iteration, compute and hook times (repeated ``thinwire compare`` sweeps on a loaded machine
-    differ by more than the communication being predicted)."""
-    groups = defaultdict(list)
-    for run in runs:
-        groups[(run.algorithm, run.inter_bps, run.nodes, run.ranks_per_node, run.layers_key,
-                run.density, run.wire, run.powersgd_rank)].append(run)
-
-    def median(values):
-        values = [v for v in values if v is not None]
-        return statistics.median(values) if values else None
-
-    return [dataclasses.replace(
-        group[0], source=f"median of {len(group)}: " + ", ".join(r.source for r in group),
-        iteration_s=median(r.iteration_s for r in group),
-        compute_s=median(r.compute_s for r in group), hook_s=median(r.hook_s for r in group),
-        extra=_merged_extra(group))
-        for group in groups.values()]
-
-
-def _merged_extra(group: list[Run]) -> dict:
-    """The first repetition's extras, with a fidelity verdict of "link" only where every
-    repetition that has one says so: a host that paced one repetition lets the fit weigh the
-    host's time per byte, as it does with each run on its own."""
-    extra = dict(group[0].extra)
-    verdicts = [r.extra["fidelity"] for r in group if "fidelity" in r.extra]
-    if verdicts:
-        extra["fidelity"] = next((v for v in verdicts if v != "link"), "link")
-    return extra
-
-
 def holdout(paths, calibrate_at: str, overlap: str = "hooks", repeats: str = "each",
             form: str = "sum") -> dict:
     """Fit on the runs at ``calibrate_at`` (a rate: "200mbit", or "none" for unshaped runs),
@@ -91,8 +58,7 @@ def holdout(paths, calibrate_at: str, overlap: str = "hooks", repeats: str = "ea
     ``repeats``: "each" run on its own, or the "median" of the repetitions of a run.
     ``form``: how a phase's fixed cost and wire time combine (``sim.network.PHASE_FORMS``)."""
     modes = overlap_modes(overlap)
-    if repeats not in REPEATS:
-        raise ValueError(f"repeats must be one of {', '.join(REPEATS)}, got {repeats!r}")
+    check_repeats(repeats)
     rate = rate_bps(calibrate_at)
     runs, skipped = read_runs(paths)
     if repeats == "median":

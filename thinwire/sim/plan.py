@@ -33,6 +33,7 @@ from thinwire.sim.diloco_fit import fit_extra, read_diloco_runs
 from thinwire.sim.diloco_fit import warnings as diloco_warnings
 from thinwire.sim.steps import candidate_of, entries_for, merged_spread, read_table
 from thinwire.sim.probed_links import intra_from_probe
+from thinwire.sim.repeats import check_repeats, median_of_repeats
 from thinwire.sim.steps_estimate import interpolated
 from thinwire.train import modes, settings as train_settings
 from thinwire.train import race_config
@@ -270,9 +271,14 @@ def break_even(setting: Setting, params: dict, overlap, layers_key: str, layers:
                                                 f"candidate is {below}, above it {above}"}
 
 
-def calibrated(paths, calibrate_at: str | None, form: str, overlap: str = "hooks") -> tuple:
-    """(params, overlap mode, the calibration runs) fitted on ``paths`` (at one rate)."""
+def calibrated(paths, calibrate_at: str | None, form: str, overlap: str = "hooks",
+               repeats: str = "each") -> tuple:
+    """(params, overlap mode, the calibration runs) fitted on ``paths`` (at one rate);
+    ``repeats``: fit each run, or the "median" of each setting's repetitions."""
+    check_repeats(repeats)
     runs, _ = read_runs(paths)
+    if repeats == "median":
+        runs = reindexed(median_of_repeats(runs))
     if calibrate_at is not None:
         try:
             rate = rate_bps(calibrate_at)
@@ -322,14 +328,15 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
               ranks_per_node: int | None, rates: list, compute_ms: float | None = None,
               calibrate_at: str | None = None, form: str = "max", fitted=None,
               with_break_even: bool = True, compute_scale: float = 1.0,
-              steps_to: float | None = None, algorithms=None) -> dict:
+              steps_to: float | None = None, algorithms=None, repeats: str = "each") -> dict:
     """``fitted``: :func:`calibrated`'s result, where the caller has it already;
     ``compute_scale``: the fitted compute per step times this (auto's compute probe: this
     cluster's compute-only step over the calibration runs');
     ``with_break_even``: False skips the break-even search (nine tenths of a plan's time: auto's
     re-planning needs only the ranking); ``steps_to``: steps read to this quality instead of
     the races' target (:func:`thinwire.sim.steps.read_table`); ``algorithms``: rank only
-    candidates of these (:func:`check_algorithms`; None: every one)."""
+    candidates of these (:func:`check_algorithms`; None: every one); ``repeats``: as
+    :func:`calibrated`'s."""
     # the inputs first: the fit takes up to a minute
     algorithms = check_algorithms(algorithms, "algorithms")
     table, notes = read_table(steps_files, steps_to)
@@ -347,7 +354,8 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
                                   or value < least):
             raise ValueError(f"{name} must be an integer >= {least} (None: the "
                              f"calibration's), got {value!r}")
-    params, mode, runs = fitted or calibrated(calibration, calibrate_at, form)
+    params, mode, runs = fitted or calibrated(calibration, calibrate_at, form,
+                                              repeats=repeats)
     nodes = nodes or runs[0].nodes
     ranks_per_node = ranks_per_node or runs[0].ranks_per_node
     work, entries = entries_for(table, workload, nodes, ranks_per_node)
@@ -382,6 +390,7 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
         "workload": work.describe(), "training": dict(work.training),
         "nodes": nodes, "ranks_per_node": ranks_per_node, "compute_s": compute_s,
         "phase_form": form, "overlap": mode_name(mode), "calibrate_at": calibrate_at,
+        "repeats": repeats,
         # the probe's goodput over this is the nominal rate (thinwire.plan_choice reads it)
         "inter_efficiency": params.get("inter_efficiency"),
         # the host's seconds per inter-node byte beside the wire's (~0 where every calibration

@@ -19,6 +19,7 @@ from thinwire.cliargs import integer, number
 from thinwire.collectives import costs
 from thinwire.output import check_output_path, format_table, write_json_atomic
 from thinwire.sim.network import PHASE_FORMS
+from thinwire.sim.repeats import add_repeats_option
 
 SHOWN_UNMEASURED = 6  # candidates without measured steps printed below the ranking
 
@@ -125,6 +126,7 @@ def add_plan_inputs(p: argparse.ArgumentParser) -> None:
                    help="measured runs the cost model is fitted on")
     p.add_argument("--calibrate-at", default=None, metavar="RATE",
                    help="fit on the runs at this link rate only (default: all)")
+    add_repeats_option(p)
     p.add_argument("--steps-from", nargs="+", default=None, metavar="RESULTS_JSON",
                    help="thinwire compare results measuring steps to target (default: "
                         "the --calibrate files)")
@@ -168,7 +170,8 @@ def main(args) -> int:
     plan = make_plan(args.calibrate, args.steps_from or args.calibrate, args.workload,
                      args.nodes, args.ranks_per_node, parse_rates(args.inter_node_bandwidth),
                      args.compute_ms, args.calibrate_at, args.phase_form,
-                     steps_to=args.steps_to, algorithms=_names(args.algorithms))
+                     steps_to=args.steps_to, algorithms=_names(args.algorithms),
+                     repeats=args.repeats)
     _print(plan)
     plan["rows"] = plan["steps_table"]  # what docs/results.md reads, unless --measured
     if args.measured:
