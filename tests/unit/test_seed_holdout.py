@@ -46,8 +46,8 @@ def test_a_table_of_one_seed_is_refused_by_name(tmp_path, monkeypatch):
     monkeypatch.setattr("thinwire.sim.plan.make_plan", lambda *a, **k: plan)
     sweep = tmp_path / "sweep.json"
     sweep.write_text("{}")
-    args = argparse.Namespace(calibrate=[str(sweep)], calibrate_at=None, repeats="each", steps_from=None,
-                              workload=None, nodes=None, ranks_per_node=None,
+    args = argparse.Namespace(calibrate=[str(sweep)], calibrate_at=None, repeats="each",
+                              steps_from=None, workload=None, nodes=None, ranks_per_node=None,
                               inter_node_bandwidth="100mbit", json=None, steps_to=None)
     with pytest.raises(ValueError, match="--steps-from: fewer than two seeds"):
         seed_holdout.run(args)

@@ -274,7 +274,8 @@ def break_even(setting: Setting, params: dict, overlap, layers_key: str, layers:
 def calibrated(paths, calibrate_at: str | None, form: str, overlap: str = "hooks",
                repeats: str = "each") -> tuple:
     """(params, overlap mode, the calibration runs) fitted on ``paths`` (at one rate);
-    ``repeats``: fit each run, or the "median" of each setting's repetitions."""
+    ``repeats``: fit each run, or the "median" of each setting's repetitions (the per-step
+    runs; DiLoCo's own cost is fitted on each of its runs)."""
     check_repeats(repeats)
     runs, _ = read_runs(paths)
     if repeats == "median":
