@@ -2,6 +2,7 @@
 whose fastest candidate at each rate is known by construction (plan_helpers)."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -43,6 +44,28 @@ def test_auto_chooses_only_among_the_plan_algorithms(tmp_path):
         choose(_cfg(path, plan_algorithms="powersgd"), 2, probe)
 
 
+def test_auto_fits_a_sweeps_repetitions_by_their_median_where_asked(tmp_path):
+    """--plan-repeats median: three repetitions, one at 1.6x and one at 0.9x every step, plan
+    as the clean sweep does; fitted run by run (the default) they do not."""
+    clean = _results(tmp_path)
+    data = json.loads(clean.read_text())
+    copies = []
+    for i, factor in enumerate((1.0, 1.6, 0.9)):
+        copy = tmp_path / f"rep{i}.json"
+        copy.write_text(json.dumps({**data, "runs": [
+            {**r, "iteration_s": r["iteration_s"] * factor} for r in data["runs"]]}))
+        copies.append(str(copy))
+    probe = {"goodput_Bps": 0.85 * 2e8 / 8}
+    _, single = choose(_cfg(clean), 2, probe)
+    _, median = choose(_cfg(",".join(copies), plan_repeats="median"), 2, probe)
+    _, each = choose(_cfg(",".join(copies)), 2, probe)
+    assert (median["repeats"], each["repeats"]) == ("median", "each")
+    assert median["predicted_time_to_target_s"] == pytest.approx(
+        single["predicted_time_to_target_s"], rel=1e-6)
+    assert each["predicted_time_to_target_s"] != pytest.approx(
+        single["predicted_time_to_target_s"], rel=0.02)
+
+
 def test_auto_refuses_a_plan_measured_for_another_training(tmp_path):
     cfg = _cfg(_results(tmp_path), batch_size=64)
     with pytest.raises(ValueError, match="measured another training than this run's: "
@@ -61,6 +84,7 @@ def test_auto_refuses_a_cluster_shape_without_steps(tmp_path):
                                                  "not a file"),
     ({"density": 0.05}, "--density applies to a sparse algorithm"),
     ({"handover_steps": 0}, "--handover-steps must be an integer >= 1, got 0"),
+    ({"plan_repeats": "mean"}, "--plan-repeats must be one of each, median, got 'mean'"),
     ({"plan_algorithms": "hitopk,auto"}, "--plan-algorithms: 'auto' is not an algorithm the "
                                          "plan ranks"),
 ])

@@ -1,7 +1,8 @@
 """Repeated runs of one setting, taken as their median: on a loaded 2-core host one run per
 (algorithm, rate) carries its own noise (the LM sweep's PowerSGD at 200 Mbit/s took 414 ms a
 step once and 249 and 244 ms when measured again), and a fit or a held-out check on it inherits
-that. ``thinwire simulate --calibrate-at`` and ``thinwire plan`` read ``--repeats``."""
+that. ``thinwire simulate --calibrate-at`` and ``thinwire plan`` read ``--repeats``; auto's plan
+reads ``--plan-repeats`` (the same choices and meaning, a setting of ``thinwire train``)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ if TYPE_CHECKING:
     from thinwire.sim.calibrate import Run
 
 REPEATS = ("each", "median")
+HELP = ("calibration: fit each run, or the median of a run's repetitions (several results "
+        "files of the same sweep)")
 
 
 def add_repeats_option(parser) -> None:
     """``--repeats``, declared once for every command that fits the cost model."""
-    parser.add_argument("--repeats", default="each", choices=REPEATS,
-                        help="calibration: fit each run, or the median of a run's "
-                             "repetitions (several results files of the same sweep)")
+    parser.add_argument("--repeats", default="each", choices=REPEATS, help=HELP)
 
 
 def check_repeats(repeats: str) -> None:

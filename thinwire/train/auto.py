@@ -9,8 +9,9 @@ not the link (saturated CPUs, a CPU quota, or under 80% of the emulator's config
 not trusted: a host-bound one is taken again, up to ``link_probe.PROBE_TRIES`` times (then the
 fastest is used), and the choice says where it planned from a probe it did not trust.
 Rank 0 then ranks the candidates with :func:`thinwire.sim.plan.make_plan` - calibrated on
-``--plan-from`` (thinwire compare results of this workload: the cost model is fitted on them
-and steps to target are read from them) - at the nominal rate the probe implies (goodput over
+``--plan-from`` (thinwire compare results of this workload: the cost model is fitted on them,
+each run or, with ``--plan-repeats median``, the median of a sweep's repetitions, and steps to
+target are read from them) - at the nominal rate the probe implies (goodput over
 the calibration's fitted goodput/nominal ratio), and sends its choice to every rank as JSON.
 The run then trains with that candidate's settings; the probe (every try), the choice and the
 runners-up go into the summary (``auto``). While it trains, :mod:`thinwire.train.replan`
@@ -99,12 +100,13 @@ def probe_trusted(ranks_per_node: int, timeout_s: float = CHOOSING_TIMEOUT_S,
 
 
 @functools.lru_cache(maxsize=4)
-def _calibrated(files: tuple):
+def _calibrated(files: tuple, repeats: str = "each"):
     """The cost model fitted on ``files`` (seconds to a minute), once per process: re-planning
-    reuses the fit of the first choice."""
+    reuses the fit of the first choice. ``repeats``: --plan-repeats (each run, or the median
+    of a sweep's repetitions)."""
     from thinwire.sim.plan import calibrated
 
-    return calibrated(list(files), None, "max")
+    return calibrated(list(files), None, "max", repeats=repeats)
 
 
 def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
@@ -122,7 +124,7 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
                          "inter-node link to choose for)")
     files = plan_files(cfg)
     # the link inside this run's nodes, where its probe measured it (not the calibration's)
-    fitted, intra_link = with_probed_intra(files, _calibrated(tuple(files)),
+    fitted, intra_link = with_probed_intra(files, _calibrated(tuple(files), cfg.plan_repeats),
                                            probe.get("intra_node"))
     bps = probe["goodput_Bps"] * 8 / fitted[0]["inter_efficiency"]
     table, _ = read_table(steps_files(cfg))
@@ -140,7 +142,7 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
     plan = make_plan(files, steps_files(cfg), found[0], nodes, cfg.ranks_per_node, [bps],
                      fitted=fitted, compute_scale=compute["scale"],
                      with_break_even=not per_step_only,  # re-planning needs the ranking only
-                     algorithms=plan_algorithms(cfg))
+                     algorithms=plan_algorithms(cfg), repeats=cfg.plan_repeats)
     rows = [r for r in plan["plans"][0]["rows"] if r["time_to_target_s"] is not None
             and (not per_step_only or modes.mode_of(r["algorithm"]).per_step)]
     if not rows:
@@ -158,6 +160,7 @@ def choose(cfg, nodes: int, probe: dict, per_step_only: bool = False,
             # "measured", or the two measured candidates its steps were read between
             "steps_source": best.get("steps_source"),
             "among": plan["algorithms"],  # --plan-algorithms, or every one the plan ranks
+            "repeats": plan["repeats"],  # --plan-repeats: the calibration fitted run by run?
             "runners_up": [{"candidate": r["candidate"], "vs_choice": r["vs_best"]}
                            for r in rows[1:1 + RUNNERS_UP]],
             "break_even_bps": plan["break_even"].get("bps"),
@@ -296,7 +299,7 @@ def applied(original, chosen: dict):
     from thinwire.train import settings
 
     new_cfg = dataclasses.replace(original, plan_from="", plan_steps_from="",
-                                  plan_algorithms="", **chosen)
+                                  plan_algorithms="", plan_repeats="each", **chosen)
     while reset := settings.inapplicable(new_cfg):
         new_cfg = dataclasses.replace(new_cfg, **reset)
     return new_cfg.validate()

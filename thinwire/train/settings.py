@@ -26,6 +26,7 @@ from thinwire import collectives, plan_choice
 from thinwire.compress import SPARSE_WIRES, WIRE_DTYPES
 from thinwire.local_sgd.chunked import MAX_CHUNK
 from thinwire.local_sgd.sparse_outer import NAME as SPARSELOCO
+from thinwire.sim import repeats
 from thinwire.options import Option
 from thinwire.train import grad_sync, models, modes
 from thinwire.wavelet.schedule import TURNS, check_waves
@@ -132,6 +133,9 @@ SETTINGS: tuple[Setting, ...] = (
       "steps do not depend on the link); the median over seeds is the estimate",
       applies=lambda c: modes.mode_of(c.algorithm).resolve is not None,
       applies_to="--algorithm auto", concern="sync", metavar="RESULTS_JSON[,...]"),
+    S("plan_repeats", str, "each", "auto: " + repeats.HELP, choices=repeats.REPEATS,
+      applies=lambda c: modes.mode_of(c.algorithm).resolve is not None,
+      applies_to="--algorithm auto", concern="sync"),
     S("plan_algorithms", str, "", "auto: choose only among candidates of these algorithms "
       "(comma-separated; empty: every one the plan ranks)",
       applies=lambda c: modes.mode_of(c.algorithm).resolve is not None,
