@@ -37,6 +37,11 @@ def test_each_seed_held_out_is_scored_by_each_rule():
     summary = {s["rule"]: s for s in seed_holdout.summary(list(rows.values()))}
     assert summary["median"]["cases"] == 3 and summary["median"]["within_10pct"] == 0
     assert summary["median"]["worst_loss"] == pytest.approx(30 / 16)
+    # in hindsight (every seed seen) a is within 10% of the fastest at seeds 0 and 2, b only
+    # at 1: a at every held-out seed, the bound no one-choice rule passes
+    assert {r["hindsight"] for r in rows.values()} == {"a"}
+    assert rows[1]["hindsight_loss"] == pytest.approx(30 / 16)
+    assert summary["hindsight"]["within_10pct"] == 2
 
 
 def test_a_table_of_one_seed_is_refused_by_name(tmp_path, monkeypatch):
