@@ -30,6 +30,9 @@ without other edits.
   that :func:`thinwire.sync.flush_residuals` can hand it back as gradient: ``"bucket"`` (the
   default: this rank's whole bucket, in canonical order) or ``"node_shard"`` (hitopk: this
   local rank's 1/ranks_per_node slice of the node's summed, zero-padded bucket).
+* ``paced_datagrams``: its transport sends datagrams paced at the link's nominal rate, not
+  TCP (dlcp). The cost model then charges its bytes at the nominal rate, not at the TCP
+  goodput/nominal ratio it fits for the others.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class Algorithm:
     sparse_wire: bool = False
     fill: Callable[[dict], dict] | None = None
     residual_space: str = "bucket"
+    paced_datagrams: bool = False
 
     def __post_init__(self):
         if self.residual_space not in RESIDUAL_SPACES:

@@ -348,31 +348,54 @@ def _timed(layers: list, compute_s: float) -> list[TimedLayer]:
             for l, w in zip(layers, weights)]
 
 
-def network_for(params: dict, inter_bps: float | None, bytes_scale: float = 1.0) -> Network:
+def network_for(params: dict, inter_bps: float | None, bytes_scale: float = 1.0,
+                paced: bool = False) -> Network:
     """The fitted links at ``inter_bps``; ``bytes_scale``: the algorithm's measured inter-node
-    bytes over the modelled ones (its wire carries that much more per modelled byte)."""
+    bytes over the modelled ones (its wire carries that much more per modelled byte);
+    ``paced``: an algorithm whose datagrams are paced at the nominal rate (:func:`paced`)."""
     form = params.get("phase_form", "sum")
     intra = Link(params["intra_alpha_s"], params["intra_bandwidth_Bps"], form)
     if inter_bps is None:
         return Network(intra, intra, "unshaped")
-    inter = Link(params["inter_alpha_s"], 1.0 / inter_s_per_byte(params, inter_bps, bytes_scale),
-                 form)
+    inter = Link(params["inter_alpha_s"],
+                 1.0 / inter_s_per_byte(params, inter_bps, bytes_scale, paced), form)
     return Network(intra, inter)
 
 
-def inter_s_per_byte(params: dict, inter_bps: float, bytes_scale: float = 1.0) -> float:
+def inter_s_per_byte(params: dict, inter_bps: float, bytes_scale: float = 1.0,
+                     paced: bool = False) -> float:
     """Seconds a modelled inter-node byte costs at ``inter_bps``: its wire time at the fitted
     goodput plus the host's CPU time per byte sent (``inter_host_s_per_byte``: copies, the TCP
     stack, gloo's reduction - paid in series with the wire where the ranks' compute already
     holds the cores), both times ``bytes_scale``. Calibrations fitted before the host term
     existed lack it and read as 0."""
-    return bytes_scale * (_wire_s_per_byte(params, inter_bps)
+    return bytes_scale * (_wire_s_per_byte(params, inter_bps, paced)
                           + params.get("inter_host_s_per_byte", 0.0))
 
 
-def _wire_s_per_byte(params: dict, inter_bps: float) -> float:
-    """A byte's time on the wire at the fitted goodput (the host's time per byte left out)."""
-    return 8 / (params["inter_efficiency"] * inter_bps)
+def _wire_s_per_byte(params: dict, inter_bps: float, paced: bool = False) -> float:
+    """A byte's time on the wire at the fitted goodput (the host's time per byte left out);
+    ``paced``: at the nominal rate (datagrams the sender paces fill the shaped link; the
+    goodput/nominal ratio is TCP's)."""
+    return 8 / ((1.0 if paced else params["inter_efficiency"]) * inter_bps)
+
+
+def paced(run: Run) -> bool:
+    """Whether ``run``'s algorithm sends datagrams paced at the link's rate (the registry's
+    ``paced_datagrams``: dlcp): its bytes cost the nominal rate, not TCP's goodput."""
+    from thinwire import collectives
+
+    return run.modelled_as in collectives.names() \
+        and collectives.get(run.modelled_as).paced_datagrams
+
+
+def wire_s(run: Run, row: dict, params: dict) -> float:
+    """The time ``run``'s inter-node bytes per step (``row``: its prediction) take on the wire
+    alone; 0 unshaped."""
+    if run.inter_bps is None:
+        return 0.0
+    return row["inter_node_mb_per_iter"] * 1e6 * bytes_scale_of(params, run) \
+        * _wire_s_per_byte(params, run.inter_bps, paced(run))
 
 
 def bytes_key(run: Run) -> tuple:
@@ -453,7 +476,7 @@ def predict(run: Run, params: dict, overlap: bool | str = True) -> dict:
     rate = params["sparse_rate"] / slowdown
     rates = SparseRates(rate, rate, params["sparse_alpha_s"] * slowdown)
     layers = _timed(run.layers, compute_s)
-    net = network_for(params, run.inter_bps, bytes_scale_of(params, run))
+    net = network_for(params, run.inter_bps, bytes_scale_of(params, run), paced(run))
     if run.modelled_as == "powersgd":  # never overlaps: the hook waits for each bucket on gloo
         row = powersgd.simulate(layers, run.shapes, Cluster(run.nodes, run.ranks_per_node),
                                 net, run.powersgd_rank,
@@ -605,10 +628,7 @@ def wire_share(run: Run, params: dict, overlap) -> float:
     ahead of ddp-fp16 there, which ran 8-11% faster a step at four seeds: tests hold the rule.)"""
     if run.inter_bps is None:
         return 0.0
-    row = predict(run, params, overlap)
-    wire_s = row["inter_node_mb_per_iter"] * 1e6 * bytes_scale_of(params, run) \
-        * _wire_s_per_byte(params, run.inter_bps)
-    return wire_s / run.iteration_s
+    return wire_s(run, predict(run, params, overlap), params) / run.iteration_s
 
 
 def _residuals_of(runs: list[Run], params: dict, overlap) -> np.ndarray:
