@@ -209,6 +209,27 @@ def test_calibration_runs_paced_by_the_host_are_named_in_a_warning(tmp_path, cap
     assert "inter-node byte: the wire at " in out  # with the host's time, fitted or not
 
 
+def test_algorithms_whose_calibration_runs_are_all_wire_bound_are_named_in_a_warning(tmp_path):
+    """The all-reduce's 2 MB a step are 92% of its step at 50 Mbit/s and 64% at 1 Gbit/s (a
+    fixed cost per step of its own could not be fitted from either); hitopk's few bytes are
+    47% and 4%: it is never named, and a calibration of hitopk alone gets no such warning."""
+    path = _results(tmp_path)
+
+    def warned(rate, source=path):
+        plan = make_plan([source], [path], None, None, None, ["1gbit"], calibrate_at=rate,
+                         with_break_even=False)
+        return [w for w in plan["warnings"] if "on the wire" in w]
+    for rate in ("50mbit", "1gbit"):
+        (warning,) = warned(rate)
+        assert warning.startswith("allreduce: every calibration run") and "hitopk" not in warning
+        assert "faster rate" in warning
+    data = json.loads(path.read_text())
+    alone = tmp_path / "hitopk.json"
+    alone.write_text(json.dumps({**data, "runs": [r for r in data["runs"]
+                                                  if r["algorithm"] == "hitopk"]}))
+    assert warned("50mbit", alone) == []
+
+
 def test_the_plan_records_the_hosts_time_per_byte(plan):
     result, _ = plan
     assert result["inter_host_s_per_byte"] >= 0.0  # the JSON carries it beside the goodput

@@ -22,13 +22,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from collections import defaultdict
 from dataclasses import dataclass
 
 from thinwire import collectives
 from thinwire.sim import powersgd
-from thinwire.sim.calibrate import (ALGORITHM_ALIASES, Run, fit, mode_name, overlap_modes,
-                                    predict, predict_diloco, rate_bps, read_runs,
-                                    refit_step_extras, reindexed)
+from thinwire.sim.calibrate import (ALGORITHM_ALIASES, WIRE_BOUND_SHARE, Run, fit, mode_name,
+                                    overlap_modes, predict, predict_diloco, rate_bps, read_runs,
+                                    refit_step_extras, reindexed, wire_share)
 from thinwire.sim.diloco_fit import fit_extra, read_diloco_runs
 from thinwire.sim.diloco_fit import warnings as diloco_warnings
 from thinwire.sim.steps import candidate_of, entries_for, merged_spread, read_table
@@ -407,7 +408,8 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
                                  candidates) if with_break_even else {"bps": None,
                                                                       "note": "not searched"},
         "plans": plans, "notes": notes,
-        "warnings": host_bound_note(runs) + diloco_warnings(params, sorted({
+        "warnings": host_bound_note(runs) + wire_bound_note(runs, params, mode)
+        + diloco_warnings(params, sorted({
             r["settings"]["sync_every"] for one in plans for r in one["rows"]  # outer steps
             if not modes.mode_of(r["algorithm"]).per_step and r["time_to_target_s"] is not None
             and "sync_every" in r["settings"]})),
@@ -426,6 +428,29 @@ def host_bound_note(runs: list) -> list[str]:
     names = ", ".join(f"{r.algorithm}@{(r.inter_bps or 0) / 1e6:g}mbit" for r in host)
     return [f"{len(host)} of {len(runs)} calibration runs were paced by the host, not their "
             f"link (fidelity monitor): {names}; predictions lean on them at your risk"]
+
+
+def wire_bound_note(runs: list, params: dict, mode) -> list[str]:
+    """A note naming the algorithms whose every shaped calibration run spent at least
+    WIRE_BOUND_SHARE of its step on the wire: a fixed cost per step of theirs is not fitted
+    from such runs (a constant and the goodput cannot be told apart there), so where they
+    have one (ddp-fp16's 43 ms a step on the LM, dlcp's datagram handling), their steps on a
+    faster link come out short. Held out on the recorded sweeps, 11 of the 13 (algorithm,
+    calibration rate) pairs that missed by over 20% were calibrated at 50 Mbit/s, where every
+    step is mostly wire."""
+    shaped = defaultdict(list)
+    for run in runs:
+        if run.inter_bps is not None:
+            shaped[run.algorithm].append(wire_share(run, params, mode))
+    bound = sorted(name for name, shares in shaped.items()
+                   if min(shares) >= WIRE_BOUND_SHARE)
+    if not bound:
+        return []
+    return [f"{', '.join(bound)}: every calibration run of theirs spent at least "
+            f"{WIRE_BOUND_SHARE:.0%} of its step on the wire, where a fixed cost per step of "
+            f"theirs, if they have one, cannot be told from the goodput: their steps on faster "
+            f"links may come out short by it; calibrate with runs at a faster rate too (or "
+            f"unshaped)"]
 
 
 def measured_times(paths) -> dict:
