@@ -62,3 +62,16 @@ def _truth_time(algorithm: str, bps: float, tmp_path, compute_s: float | None = 
     run = dataclasses.replace(_TRUTH_RUNS[algorithm], inter_bps=bps, setting_index=0)
     params = TRUE if compute_s is None else dict(TRUE, compute_s=[compute_s])
     return STEPS[algorithm] * predict(run, params, "hooks")["iteration_s"]
+
+
+def _repetitions(tmp_path, factors) -> list:
+    """Copies of :func:`_results`' sweep with every step time scaled by each of ``factors``:
+    repetitions of one sweep, for the median-of-repeats rule."""
+    data = json.loads(_results(tmp_path).read_text())
+    copies = []
+    for i, factor in enumerate(factors):
+        copy = tmp_path / f"rep{i}.json"
+        copy.write_text(json.dumps({**data, "runs": [
+            {**r, "iteration_s": r["iteration_s"] * factor} for r in data["runs"]]}))
+        copies.append(copy)
+    return copies

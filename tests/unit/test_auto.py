@@ -2,14 +2,13 @@
 whose fastest candidate at each rate is known by construction (plan_helpers)."""
 
 import dataclasses
-import json
 
 import pytest
 
 from thinwire.train.auto import choose
 from thinwire.train.compare import CompareSettings
 
-from plan_helpers import STEPS, _results, _truth_time
+from plan_helpers import STEPS, _repetitions, _results, _truth_time
 
 
 def _cfg(path, **train):
@@ -48,13 +47,7 @@ def test_auto_fits_a_sweeps_repetitions_by_their_median_where_asked(tmp_path):
     """--plan-repeats median: three repetitions, one at 1.6x and one at 0.9x every step, plan
     as the clean sweep does; fitted run by run (the default) they do not."""
     clean = _results(tmp_path)
-    data = json.loads(clean.read_text())
-    copies = []
-    for i, factor in enumerate((1.0, 1.6, 0.9)):
-        copy = tmp_path / f"rep{i}.json"
-        copy.write_text(json.dumps({**data, "runs": [
-            {**r, "iteration_s": r["iteration_s"] * factor} for r in data["runs"]]}))
-        copies.append(str(copy))
+    copies = [str(path) for path in _repetitions(tmp_path, (1.0, 1.6, 0.9))]
     probe = {"goodput_Bps": 0.85 * 2e8 / 8}
     _, single = choose(_cfg(clean), 2, probe)
     _, median = choose(_cfg(",".join(copies), plan_repeats="median"), 2, probe)

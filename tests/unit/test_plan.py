@@ -10,7 +10,7 @@ from thinwire.cli import main as thinwire_main
 from thinwire.sim.plan import make_plan
 from thinwire.sim.steps import read_table, steps_to_target
 
-from plan_helpers import STEPS, _curve, _results, _truth_time
+from plan_helpers import STEPS, _curve, _repetitions, _results, _truth_time
 
 
 def test_steps_are_the_first_evaluation_at_the_target():
@@ -228,6 +228,16 @@ def test_algorithms_whose_calibration_runs_are_all_wire_bound_are_named_in_a_war
     alone.write_text(json.dumps({**data, "runs": [r for r in data["runs"]
                                                   if r["algorithm"] == "hitopk"]}))
     assert warned("50mbit", alone) == []
+    # an unshaped run spends nothing on the wire: there the all-reduce's own cost is fitted
+    unshaped = tmp_path / "unshaped.json"
+    unshaped.write_text(json.dumps({**data, "runs": data["runs"] + [
+        dict(r, inter_node_bandwidth=None) for r in data["runs"]
+        if r["algorithm"] == "allreduce" and r["inter_node_bandwidth"] == 1e9]}))
+    assert warned(None, unshaped) == []
+    # nor is an algorithm named that the plan does not rank
+    plan = make_plan([path], [path], None, None, None, ["1gbit"], calibrate_at="50mbit",
+                     with_break_even=False, algorithms=["hitopk"])
+    assert not [w for w in plan["warnings"] if "on the wire" in w]
 
 
 def test_the_plan_records_the_hosts_time_per_byte(plan):
@@ -255,13 +265,7 @@ def test_repeated_sweeps_are_fitted_by_their_median_where_asked(tmp_path):
     fitted by their median the plan is the clean sweep's; fitted run by run it is not. The
     choice of rule is recorded, and an unknown one is refused by name."""
     clean = _results(tmp_path)
-    data = json.loads(clean.read_text())
-    copies = []
-    for i, factor in enumerate((1.0, 1.6, 0.7)):
-        copy = tmp_path / f"rep{i}.json"
-        copy.write_text(json.dumps({**data, "runs": [
-            {**r, "iteration_s": r["iteration_s"] * factor} for r in data["runs"]]}))
-        copies.append(copy)
+    copies = _repetitions(tmp_path, (1.0, 1.6, 0.7))
 
     def times(result):
         return [row["time_to_target_s"] for one in result["plans"] for row in one["rows"]

@@ -1,7 +1,7 @@
 """The cost model out of sample on the recorded MNIST sweep (2 x 2 at 50 Mbit/s, 200 Mbit/s
 and 1 Gbit/s, docs/results/sweep/mnist_results.json): calibrated at any one rate, it predicts
 the step time at the other two within 20% for every algorithm (issue 31's target), but for
-dlcp calibrated at 50 Mbit/s: its fixed cost a step (~0.2 s of datagram handling) is what the
+dlcp calibrated at 50 Mbit/s: its fixed cost a step (~0.15 s of datagram handling) is what the
 fit at that wire-bound rate cannot see (docs/results.md). The model-generated sweeps of
 test_sim_holdout pass by construction; these are measurements, so a change to the model that
 loses the fit fails here."""

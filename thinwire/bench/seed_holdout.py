@@ -19,9 +19,10 @@ The candidates are those measured at every seed. Rules:
 Per (rate, held-out seed) each rule's choice and its loss; per rule the share of cases within
 10% of the fastest, the worst loss and the geometric mean. Beside the rules, ``hindsight``: the
 one candidate per rate that is within 10% of the fastest at the most seeds, chosen having seen
-every seed, the held-out one included. No rule that picks one candidate per rate from steps
-measured at seeds can beat it on that count: where it too misses, the seeds' steps, not the
-rule, set the miss. Nothing is raced: it reads results.
+every seed, the held-out one included. No fixed choice of one candidate per rate beats it on
+that count (a rule may choose differently for each held-out seed, and so could in principle);
+where it too misses, the seeds' steps, not the rule, set the miss. Nothing is raced: it reads
+results.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def hindsight(times: dict[str, dict[str, float]]) -> str:
     return min(times, key=score)
 
 
-SCORED = (*RULES, "hindsight")  # the rules, and the bound no rule can pass
+SCORED = (*RULES, "hindsight")  # the rules, and the best fixed choice per rate
 
 
 def holdout_rows(plan: dict) -> list[dict]:

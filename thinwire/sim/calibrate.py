@@ -349,44 +349,51 @@ def _timed(layers: list, compute_s: float) -> list[TimedLayer]:
 
 
 def network_for(params: dict, inter_bps: float | None, bytes_scale: float = 1.0,
-                paced: bool = False) -> Network:
+                nominal_rate: bool = False) -> Network:
     """The fitted links at ``inter_bps``; ``bytes_scale``: the algorithm's measured inter-node
     bytes over the modelled ones (its wire carries that much more per modelled byte);
-    ``paced``: an algorithm whose datagrams are paced at the nominal rate (:func:`paced`)."""
+    ``nominal_rate``: its bytes take the nominal rate, not the fitted goodput (an algorithm
+    that paces its own datagrams: :func:`paced`)."""
     form = params.get("phase_form", "sum")
     intra = Link(params["intra_alpha_s"], params["intra_bandwidth_Bps"], form)
     if inter_bps is None:
         return Network(intra, intra, "unshaped")
     inter = Link(params["inter_alpha_s"],
-                 1.0 / inter_s_per_byte(params, inter_bps, bytes_scale, paced), form)
+                 1.0 / inter_s_per_byte(params, inter_bps, bytes_scale, nominal_rate), form)
     return Network(intra, inter)
 
 
 def inter_s_per_byte(params: dict, inter_bps: float, bytes_scale: float = 1.0,
-                     paced: bool = False) -> float:
+                     nominal_rate: bool = False) -> float:
     """Seconds a modelled inter-node byte costs at ``inter_bps``: its wire time at the fitted
-    goodput plus the host's CPU time per byte sent (``inter_host_s_per_byte``: copies, the TCP
-    stack, gloo's reduction - paid in series with the wire where the ranks' compute already
-    holds the cores), both times ``bytes_scale``. Calibrations fitted before the host term
+    goodput (at the nominal rate where ``nominal_rate``) plus the host's CPU time per byte
+    sent (``inter_host_s_per_byte``: copies, the TCP stack, gloo's reduction - paid in series
+    with the wire where the ranks' compute already holds the cores), both times
+    ``bytes_scale``. Calibrations fitted before the host term
     existed lack it and read as 0."""
-    return bytes_scale * (_wire_s_per_byte(params, inter_bps, paced)
+    return bytes_scale * (_wire_s_per_byte(params, inter_bps, nominal_rate)
                           + params.get("inter_host_s_per_byte", 0.0))
 
 
-def _wire_s_per_byte(params: dict, inter_bps: float, paced: bool = False) -> float:
+def _wire_s_per_byte(params: dict, inter_bps: float, nominal_rate: bool = False) -> float:
     """A byte's time on the wire at the fitted goodput (the host's time per byte left out);
-    ``paced``: at the nominal rate (datagrams the sender paces fill the shaped link; the
+    ``nominal_rate``: at the nominal rate (datagrams the sender paces fill the shaped link; the
     goodput/nominal ratio is TCP's)."""
-    return 8 / ((1.0 if paced else params["inter_efficiency"]) * inter_bps)
+    return 8 / ((1.0 if nominal_rate else params["inter_efficiency"]) * inter_bps)
+
+
+def paces_datagrams(algorithm: str) -> bool:
+    """Whether the algorithm ``algorithm`` sends datagrams paced at the link's rate (the
+    registry's ``paced_datagrams``: dlcp): its bytes cost the nominal rate, not TCP's goodput.
+    False for what the registry does not hold (PyTorch's hooks, DiLoCo)."""
+    from thinwire import collectives
+
+    return algorithm in collectives.names() and collectives.get(algorithm).paced_datagrams
 
 
 def paced(run: Run) -> bool:
-    """Whether ``run``'s algorithm sends datagrams paced at the link's rate (the registry's
-    ``paced_datagrams``: dlcp): its bytes cost the nominal rate, not TCP's goodput."""
-    from thinwire import collectives
-
-    return run.modelled_as in collectives.names() \
-        and collectives.get(run.modelled_as).paced_datagrams
+    """:func:`paces_datagrams` for the algorithm ``run`` is modelled as."""
+    return paces_datagrams(run.modelled_as)
 
 
 def wire_s(run: Run, row: dict, params: dict) -> float:
@@ -446,7 +453,8 @@ def predict_diloco(run: Run, params: dict, sync_every: int, outer: str,
     rates = SparseRates(rate, rate, params["sparse_alpha_s"] * slowdown)
     cfg = AlgorithmConfig(outer, density=run.density, wire=run.wire)
     row = simulate_diloco(_timed(run.layers, compute_s), Cluster(run.nodes, run.ranks_per_node),
-                          network_for(params, run.inter_bps), cfg, rates,
+                          network_for(params, run.inter_bps,
+                                      nominal_rate=paces_datagrams(outer)), cfg, rates,
                           sync_every=sync_every)
     extra_s = diloco_extra_s(params, slowdown, 1.0 / sync_every) if with_extra else 0.0
     return _with_step_extra(row, extra_s) if extra_s else row

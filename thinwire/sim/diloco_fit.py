@@ -168,7 +168,7 @@ def warnings(params: dict, ranked_h: list[int]) -> list[str]:
     if not extra:
         return [f"DiLoCo (H {', '.join(map(str, sorted(set(ranked_h))))}) is ranked with its step "
                 f"from the per-step fit alone (no DiLoCo run in the calibration): on the "
-                f"emulator that fell 15-41% short; calibrate with a DiLoCo race too"]
+                f"emulator that fell 14-41% short; calibrate with a DiLoCo race too"]
     beyond = sorted({h for h in ranked_h if h > max(extra["sync_every"])})
     if beyond:
         return [f"DiLoCo at H {', '.join(map(str, beyond))} is ranked with its own cost fitted "

@@ -408,7 +408,7 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
                                  candidates) if with_break_even else {"bps": None,
                                                                       "note": "not searched"},
         "plans": plans, "notes": notes,
-        "warnings": host_bound_note(runs) + wire_bound_note(runs, params, mode)
+        "warnings": host_bound_note(runs) + wire_bound_note(runs, params, mode, algorithms)
         + diloco_warnings(params, sorted({
             r["settings"]["sync_every"] for one in plans for r in one["rows"]  # outer steps
             if not modes.mode_of(r["algorithm"]).per_step and r["time_to_target_s"] is not None
@@ -430,20 +430,19 @@ def host_bound_note(runs: list) -> list[str]:
             f"link (fidelity monitor): {names}; predictions lean on them at your risk"]
 
 
-def wire_bound_note(runs: list, params: dict, mode) -> list[str]:
-    """A note naming the algorithms whose every shaped calibration run spent at least
-    WIRE_BOUND_SHARE of its step on the wire: a fixed cost per step of theirs is not fitted
-    from such runs (a constant and the goodput cannot be told apart there), so where they
+def wire_bound_note(runs: list, params: dict, mode, algorithms=None) -> list[str]:
+    """A note naming the algorithms (of ``algorithms``, None: all) whose every calibration run
+    spent at least WIRE_BOUND_SHARE of its step on the wire (an unshaped run spends none): a
+    fixed cost per step of theirs is not fitted from such runs (a constant and the goodput cannot be told apart there), so where they
     have one (ddp-fp16's 43 ms a step on the LM, dlcp's datagram handling), their steps on a
     faster link come out short. Held out on the recorded sweeps, 11 of the 13 (algorithm,
     calibration rate) pairs that missed by over 20% were calibrated at 50 Mbit/s, where every
     step is mostly wire."""
-    shaped = defaultdict(list)
+    shares = defaultdict(list)
     for run in runs:
-        if run.inter_bps is not None:
-            shaped[run.algorithm].append(wire_share(run, params, mode))
-    bound = sorted(name for name, shares in shaped.items()
-                   if min(shares) >= WIRE_BOUND_SHARE)
+        if algorithms is None or run.algorithm in algorithms:
+            shares[run.algorithm].append(wire_share(run, params, mode))
+    bound = sorted(name for name, own in shares.items() if min(own) >= WIRE_BOUND_SHARE)
     if not bound:
         return []
     return [f"{', '.join(bound)}: every calibration run of theirs spent at least "

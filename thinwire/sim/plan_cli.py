@@ -66,11 +66,17 @@ def _print(plan: dict) -> None:
           + (f" (spread over seeds up to {100 * spread:.0f}%)" if spread is not None
              else " (one seed: its spread is not measured)"))
     if plan.get("inter_efficiency") is not None:
+        from thinwire import collectives
+        from thinwire.sim.calibrate import paces_datagrams
+
         host_ns = 1e9 * (plan.get("inter_host_s_per_byte") or 0.0)
+        paced = [name for name in collectives.names() if paces_datagrams(name)]
         print(f"inter-node byte: the wire at {plan['inter_efficiency']:.2f} of the nominal rate"
               + (f" plus {host_ns:.1f} ns of host time" if host_ns >= 0.05 else
                  " and no host time (fitted at 0, or held there where every calibration run "
-                 "was paced by its link)"))
+                 "was paced by its link)")
+              + (f"; {', '.join(paced)}: at the nominal rate (its sender paces its datagrams)"
+                 if paced else ""))
     for one in plan["plans"]:
         ranked = [r for r in one["rows"] if r["time_to_target_s"] is not None]
         unmeasured = [r for r in one["rows"] if r["time_to_target_s"] is None]
