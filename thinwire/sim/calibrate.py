@@ -369,8 +369,7 @@ def inter_s_per_byte(params: dict, inter_bps: float, bytes_scale: float = 1.0,
     goodput (at the nominal rate where ``nominal_rate``) plus the host's CPU time per byte
     sent (``inter_host_s_per_byte``: copies, the TCP stack, gloo's reduction - paid in series
     with the wire where the ranks' compute already holds the cores), both times
-    ``bytes_scale``. Calibrations fitted before the host term
-    existed lack it and read as 0."""
+    ``bytes_scale``. Calibrations fitted before the host term existed lack it and read as 0."""
     return bytes_scale * (_wire_s_per_byte(params, inter_bps, nominal_rate)
                           + params.get("inter_host_s_per_byte", 0.0))
 
