@@ -435,9 +435,9 @@ def wire_bound_note(runs: list, params: dict, mode, algorithms=None) -> list[str
     spent at least WIRE_BOUND_SHARE of its step on the wire (an unshaped run spends none): a
     fixed cost per step of theirs is not fitted from such runs (a constant and the goodput
     cannot be told apart there), so where they have one (ddp-fp16's 43 ms a step on the LM,
-    dlcp's datagram handling), their steps on a faster link come out short. Held out on the recorded sweeps, 12 of the 16 (algorithm,
-    calibration rate) pairs that missed by over 20% were calibrated at 50 Mbit/s, where every
-    step is mostly wire."""
+    dlcp's datagram handling), their steps on a faster link come out short. Held out on the
+    recorded sweeps, 12 of the 16 (algorithm, calibration rate) pairs that missed by over 20%
+    were calibrated at 50 Mbit/s, where every step is mostly wire."""
     shares = defaultdict(list)
     for run in runs:
         if algorithms is None or run.algorithm in algorithms:
