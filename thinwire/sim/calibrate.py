@@ -638,6 +638,19 @@ def wire_share(run: Run, params: dict, overlap) -> float:
     return wire_s(run, predict(run, params, overlap), params) / run.iteration_s
 
 
+def wire_bound_algorithms(runs: list[Run], params: dict, overlap,
+                          algorithms=None) -> list[str]:
+    """The algorithms (of ``algorithms``, None: all) whose every run among ``runs`` spent at
+    least WIRE_BOUND_SHARE of its step on the wire (an unshaped run spends none): the fit takes
+    no fixed cost per step of theirs from such runs (:func:`_step_extras`), so one they have
+    is missing from their predictions on faster links."""
+    shares = defaultdict(list)
+    for run in runs:
+        if algorithms is None or run.algorithm in algorithms:
+            shares[run.algorithm].append(wire_share(run, params, overlap))
+    return sorted(name for name, own in shares.items() if min(own) >= WIRE_BOUND_SHARE)
+
+
 def _residuals_of(runs: list[Run], params: dict, overlap) -> np.ndarray:
     out = []
     for run in runs:

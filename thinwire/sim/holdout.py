@@ -32,7 +32,8 @@ import dataclasses
 from collections import defaultdict
 
 from thinwire.sim.calibrate import (DILOCO_APART, Run, rate_bps, reindexed, fit, mode_name,
-                                    overlap_modes, predict, read_runs, scales_json)
+                                    overlap_modes, predict, read_runs, scales_json,
+                                    wire_bound_algorithms)
 from thinwire.sim.diloco_fit import fit_extra, placed_on, predicted_step, read_diloco_runs
 from thinwire.sim.repeats import check_repeats, median_of_repeats
 
@@ -121,6 +122,8 @@ def holdout(paths, calibrate_at: str, overlap: str = "hooks", repeats: str = "ea
                      for name, errors in sorted(per_algorithm.items())],
             "max_abs_error_by_algorithm": {a: dict(v) for a, v in per_algorithm.items()},
             "sensitivity": sensitivity, "skipped": skipped,
+            # no fixed cost per step fitted for these: every calibration run mostly wire
+            "wire_bound": wire_bound_algorithms(train, params, mode),
             "diloco_extra": diloco["extra"], "diloco_in_sample_max_abs_error": diloco["in_sample"]}
 
 
@@ -215,5 +218,8 @@ def print_holdout(result: dict) -> None:
               f"{100 * row['calibration_change']:.1f}%, the held-out ones by "
               f"{100 * row['held_out_change']:.1f}%: {verdict} the runs at "
               f"{result['calibrate_at']}")
+    if result.get("wire_bound"):
+        print(f"wire-bound at {result['calibrate_at']} (no fixed cost per step fitted for "
+              f"them; a miss at faster rates may be one): {', '.join(result['wire_bound'])}")
     for note in result["skipped"]:
         print(f"skipped: {note}")

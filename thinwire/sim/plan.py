@@ -22,14 +22,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections import defaultdict
 from dataclasses import dataclass
 
 from thinwire import collectives
 from thinwire.sim import powersgd
 from thinwire.sim.calibrate import (ALGORITHM_ALIASES, WIRE_BOUND_SHARE, Run, fit, mode_name,
                                     overlap_modes, predict, predict_diloco, rate_bps, read_runs,
-                                    refit_step_extras, reindexed, wire_share)
+                                    refit_step_extras, reindexed, wire_bound_algorithms)
 from thinwire.sim.diloco_fit import fit_extra, read_diloco_runs
 from thinwire.sim.diloco_fit import warnings as diloco_warnings
 from thinwire.sim.steps import candidate_of, entries_for, merged_spread, read_table
@@ -432,17 +431,13 @@ def host_bound_note(runs: list) -> list[str]:
 
 def wire_bound_note(runs: list, params: dict, mode, algorithms=None) -> list[str]:
     """A note naming the algorithms (of ``algorithms``, None: all) whose every calibration run
-    spent at least WIRE_BOUND_SHARE of its step on the wire (an unshaped run spends none): a
-    fixed cost per step of theirs is not fitted from such runs (a constant and the goodput
-    cannot be told apart there), so where they have one (ddp-fp16's 43 ms a step on the LM,
-    dlcp's datagram handling), their steps on a faster link come out short. Held out on the
-    recorded sweeps, 12 of the 16 (algorithm, calibration rate) pairs that missed by over 20%
-    were calibrated at 50 Mbit/s, where every step is mostly wire."""
-    shares = defaultdict(list)
-    for run in runs:
-        if algorithms is None or run.algorithm in algorithms:
-            shares[run.algorithm].append(wire_share(run, params, mode))
-    bound = sorted(name for name, own in shares.items() if min(own) >= WIRE_BOUND_SHARE)
+    was wire-bound (:func:`thinwire.sim.calibrate.wire_bound_algorithms`): a fixed cost per
+    step of theirs is not fitted from such runs (a constant and the goodput cannot be told
+    apart there), so where they have one (ddp-fp16's 43 ms a step on the LM, dlcp's datagram
+    handling), their steps on a faster link come out short. Held out on the recorded sweeps,
+    12 of the 16 (algorithm, calibration rate) pairs that missed by over 20% were calibrated at
+    50 Mbit/s, where every step is mostly wire."""
+    bound = wire_bound_algorithms(runs, params, mode, algorithms)
     if not bound:
         return []
     return [f"{', '.join(bound)}: every calibration run of theirs spent at least "
