@@ -33,10 +33,11 @@ def median_of_repeats(runs: list[Run]) -> list[Run]:
     """One run per (algorithm, rate, cluster, model, options): the median of its repetitions'
     iteration, compute and hook times (repeated ``thinwire compare`` sweeps on a loaded machine
     differ by more than the communication being predicted)."""
+    from thinwire.sim.calibrate import bytes_key  # what fixes a run's bytes: all but the rate
+
     groups = defaultdict(list)
     for run in runs:
-        groups[(run.algorithm, run.inter_bps, run.nodes, run.ranks_per_node, run.layers_key,
-                run.density, run.wire, run.powersgd_rank)].append(run)
+        groups[(bytes_key(run), run.inter_bps)].append(run)
 
     def median(values):
         values = [v for v in values if v is not None]
