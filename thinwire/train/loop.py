@@ -353,14 +353,14 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
                 tx_start = interface_tx_bytes()
                 metrics.start_timing(sync.totals())
             x, y = batch_on(ds, batches[position], device)
-            begin = time.perf_counter()
+            begin, cpu_begin = time.perf_counter(), time.process_time()
             with noting(rank, "in a training step", step + 1):
                 loss = train_step(cfg, model, opt, sched, scaler, x, y, device)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
             step, position = step + 1, position + 1
             metrics.record_step(step, epoch, time.perf_counter() - begin, loss,
-                                sched.get_last_lr()[0])
+                                sched.get_last_lr()[0], time.process_time() - cpu_begin)
             stopped = bool(cfg.stop_after) and step - start_step >= cfg.stop_after
             if cfg.eval_every and step % cfg.eval_every == 0:
                 run_eval()

@@ -37,6 +37,15 @@ def interface_tx_bytes(ifname: str = "eth0") -> int | None:
     return None
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity; every rank of the emulated cluster
+    shares the host's): what the ranks' CPU time a step is spread over."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 class Metrics:
     def __init__(self, cfg, rank: int, world: int, total_steps: int,
                  steps_per_epoch: int | None = None):
@@ -47,6 +56,11 @@ class Metrics:
         self.compute_ms: float | None = None
         self.chosen: dict | None = None  # --algorithm auto's record (thinwire.train.auto)
         self.timed_steps, self.timed_s = 0, 0.0
+        # CPU seconds the rank's process spent in its timed steps (every thread: gloo's, the
+        # intra-op pool's), where the loop measured them: the host work a step costs whatever
+        # the link, also where it hides behind a slow wire (thinwire.sim.calibrate's floor)
+        self.timed_cpu_s: float | None = None
+        self.cpu_ms: float | None = None  # the timed steps' CPU ms a step, summed over ranks
         self._timing, self._totals_start, self.hook_totals = False, None, None
         self.inter_node_bytes_per_iter: float | None = None
         self.inter_node_source: str | None = None
@@ -67,11 +81,13 @@ class Metrics:
     # ---------------------------------------------------------------- per step and evaluation
 
     def record_step(self, step: int, epoch: int, seconds: float, loss: torch.Tensor,
-                    lr: float) -> None:
+                    lr: float, cpu_seconds: float | None = None) -> None:
         self.train_time_s += seconds
         if self._timing:
             self.timed_steps += 1
             self.timed_s += seconds
+            if cpu_seconds is not None:
+                self.timed_cpu_s = (self.timed_cpu_s or 0.0) + cpu_seconds
         if step % self.log_every == 0 or step == self.total_steps:
             self.last_loss = float(loss)
             self._write({"event": "step", "step": step, "epoch": epoch, "loss": self.last_loss,
@@ -141,12 +157,15 @@ class Metrics:
         measured = tx_end - tx_start if tx_start is not None and tx_end is not None else None
         keys = sorted(delta) if delta else []
         numbers = torch.tensor([float(measured or 0), float(measured is not None),
-                                self.compute_ms or 0.0] + [delta[k] for k in keys],
+                                self.compute_ms or 0.0, self.timed_cpu_s or 0.0,
+                                float(self.timed_cpu_s is not None)] + [delta[k] for k in keys],
                                dtype=torch.float64)
         dist.all_reduce(numbers)
         steps = max(self.timed_steps, 1)
         nodes = int(os.environ.get("THINWIRE_NODES", "1"))
-        summed = dict(zip(keys, numbers[3:].tolist()))
+        summed = dict(zip(keys, numbers[5:].tolist()))
+        if numbers[4] == self.world:  # every rank measured its CPU time
+            self.cpu_ms = 1000 * float(numbers[3]) / steps
         if numbers[1] > 0:  # one counter per node
             self.inter_node_bytes_per_iter = float(numbers[0] / numbers[1]) / steps
             self.inter_node_source = "interface counters"
@@ -177,6 +196,7 @@ class Metrics:
             "samples_per_s": samples / (iter_ms / 1000) if iter_ms else None,
             "iter_ms": iter_ms, "compute_ms_per_iter": self.compute_ms,
             "sync_ms_per_iter": sync_ms,
+            "cpu_ms_per_iter": self.cpu_ms, "host_cores": usable_cores(),
             "comm_share": sync_ms / iter_ms if sync_ms is not None and iter_ms else None,
             "inter_node_mb_per_iter": self.inter_node_bytes_per_iter / 1e6
             if self.inter_node_bytes_per_iter is not None else None,
