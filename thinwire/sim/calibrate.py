@@ -22,7 +22,8 @@ file's ``setting``, then its own ``setting`` object, then its own keys (later wi
 * Optional measurements, each used as one more residual: ``compute_ms_per_iter`` (the step
   without communication; else ``iter_ms - sync_ms_per_iter``, thinwire compare's definition of
   the exposed synchronisation) and the hook's total ``comm_ms_per_iter + select_ms_per_iter``
-  (top level or under ``hook``).
+  (top level or under ``hook``). ``cpu_ms_per_iter`` with ``host_cores`` (the ranks' CPU a
+  step and the cores they shared) gives the setting's CPU floor (below).
 * Algorithms: thinwire's registered ones, plus ``ddp`` (modelled as allreduce), ``ddp-fp16``
   (allreduce with an fp16 wire) and ``powersgd`` (PyTorch's hook, :mod:`thinwire.sim.powersgd`:
   needs a model of ``thinwire.train`` for its shapes, and ``powersgd_rank``, default 4); others
@@ -49,6 +50,10 @@ Two terms are each algorithm's own, learned from the calibration runs and carrie
   on MNIST), fitted after the shared parameters, which use a robust loss so that one
   algorithm's missing cost does not bend them, and only from runs whose wire takes under half
   the step (where the wire is most of it, a constant and the goodput cannot be told apart).
+
+And one each setting measured, not fitted: a floor under its step, the ranks' CPU seconds a
+step (``cpu_ms_per_iter``) over the cores they share (``host_cores``). Where a slow wire hides
+the host's work, the step time cannot show it but the CPU time does (:func:`cpu_floors`).
 """
 
 from __future__ import annotations
@@ -168,6 +173,8 @@ class Run:
     shapes: tuple | None = None      # parameter shapes (powersgd only)
     powersgd_rank: int = 4
     sparse_wire: str = "fp32"        # the selected values' dtype (sparse_wire algorithms)
+    cpu_s: float | None = None       # measured CPU seconds a step, all ranks together
+    cores: int | None = None         # the cores those ranks shared (the emulator's host)
 
 
 def _pick(mapping: dict, key: str, default=None):
@@ -306,7 +313,13 @@ def read_run(raw: dict, setting: dict, where: str, source: str) -> Run | str:
                       **({"fidelity": raw["fidelity"].get("verdict")}
                          if isinstance(raw.get("fidelity"), dict) else {})},
                shapes=None if shapes is None else tuple(shapes), powersgd_rank=rank,
-               sparse_wire=sparse_wire)
+               sparse_wire=sparse_wire, cpu_s=_cpu_s(merged),
+               cores=int(merged["host_cores"]) if _number(merged.get("host_cores")) else None)
+
+
+def _cpu_s(merged: dict) -> float | None:
+    ms = _number(merged.get("cpu_ms_per_iter"))
+    return None if ms is None else ms / 1e3
 
 
 def read_runs(paths) -> tuple[list[Run], list[str]]:
@@ -427,6 +440,46 @@ def bytes_scales(runs: list[Run]) -> dict:
             for key, values in ratios.items()}
 
 
+def cpu_floors(runs: list[Run], compute_s: list[float]) -> dict:
+    """{bytes_key: median over the runs of their CPU seconds a step over the cores they shared,
+    in units of their setting's compute time (``compute_s``, the fit's, by setting index)}:
+    where the ranks share a host's cores (the emulator), a step cannot take less than its host
+    work spread over them, at any link rate. On a slow link that work hides behind the wire -
+    the step time cannot show it, a fixed cost per step cannot be fitted from it
+    (:func:`_step_extras`) - but the ranks' CPU time still counts it (the fp16 hook's casts,
+    gloo's copies and reductions), so a run calibrated there carries it to the faster links.
+    In units of compute, as the selection and the fixed costs per step scale: a plan for a
+    faster device scales it down with the compute (it is the host work of the emulator's ranks,
+    not of a GPU cluster's). Runs without the measurement (``cpu_ms_per_iter``) give none, and
+    so does an algorithm that paces its own datagrams (:func:`paced`): its sockets' waits cost
+    CPU in proportion to the wire time (DLCP on MNIST 2 x 2: 1231 ms of CPU a step at
+    50 Mbit/s, 783 at 1 Gbit/s), so its CPU at a slow rate overstates its work at a fast one."""
+    floors = defaultdict(list)
+    for run in runs:
+        if run.cpu_s is not None and run.cores and not paced(run):
+            floors[bytes_key(run)].append(run.cpu_s / run.cores / compute_s[run.setting_index])
+    return {key: float(statistics.median(values)) for key, values in floors.items()}
+
+
+def cpu_floor_of(params: dict, run: Run) -> float | None:
+    """``run``'s CPU floor in seconds at its setting's compute time: its own setting's, else
+    the median of its algorithm's other settings on the same cluster and model (another
+    density or rank: the selection, the casts and the collectives' host work hardly move with
+    it), else none. Without the fallback a candidate the calibration did not run would escape
+    the floor its measured neighbour carries, and the plan would prefer it for that alone."""
+    floors = params.get("cpu_floor", {})
+    key = bytes_key(run)
+    if key in floors:
+        share = floors[key]
+    else:
+        same = [value for other, value in floors.items()
+                if other[0] == key[0] and other[-3:] == key[-3:]]
+        if not same:
+            return None
+        share = float(statistics.median(same))
+    return share * params["compute_s"][run.setting_index]
+
+
 def bytes_scale_of(params: dict, run: Run) -> float:
     """``run``'s measured/modelled bytes: its own setting's, else the median of its
     algorithm's other settings' (another density or cluster frames its bytes alike), else 1."""
@@ -488,16 +541,29 @@ def predict(run: Run, params: dict, overlap: bool | str = True) -> dict:
         row = powersgd.simulate(layers, run.shapes, Cluster(run.nodes, run.ranks_per_node),
                                 net, run.powersgd_rank,
                                 params.get("pass_rate", START[-1]) / slowdown)
-        return _with_step_extra(row, params.get("step_extra_s", {}).get(run.algorithm, 0.0)
-                                * slowdown)
+        return _floored(_with_step_extra(
+            row, params.get("step_extra_s", {}).get(run.algorithm, 0.0) * slowdown),
+            params, run)
     if overlap == "hooks":
         overlap = run.algorithm in ALGORITHM_ALIASES  # DDP's own all-reduce, the fp16 hook
     cfg = AlgorithmConfig(run.modelled_as, density=run.density, wire=run.wire,
                           sparse_wire=run.sparse_wire)
     row = simulate(layers, Cluster(run.nodes, run.ranks_per_node), net, cfg, rates,
                    overlap=overlap)
-    return _with_step_extra(row, params.get("step_extra_s", {}).get(run.algorithm, 0.0)
-                            * slowdown)
+    return _floored(_with_step_extra(row, params.get("step_extra_s", {}).get(run.algorithm, 0.0)
+                                     * slowdown), params, run)
+
+
+def _floored(row: dict, params: dict, run: Run) -> dict:
+    """``row`` with its step no shorter than the setting's measured host CPU floor
+    (:func:`cpu_floors`), the extra time counted as synchronisation."""
+    floor = cpu_floor_of(params, run)
+    if floor is None or floor <= row["iteration_s"]:
+        return row
+    row = dict(row, sync_s=row["sync_s"] + floor - row["iteration_s"], iteration_s=floor,
+               cpu_floor_s=floor)
+    row["scaling_efficiency"] = row["compute_s"] / row["iteration_s"]
+    return row
 
 
 def _with_step_extra(row: dict, extra_s: float) -> dict:
@@ -511,19 +577,27 @@ def _with_step_extra(row: dict, extra_s: float) -> dict:
     return row
 
 
-def _unpack(x: np.ndarray, form: str = "sum", scales: dict | None = None,
+def _unpack(x: np.ndarray, form: str = "sum", measured: dict | None = None,
             extras: dict | None = None) -> dict:
+    """The parameters ``x`` holds (logs), with what the runs measured directly
+    (MEASURED_TERMS) and the algorithms' fitted constants."""
     values = np.exp(x)
     params = dict(zip(FIT_NAMES, values[:len(FIT_NAMES)]))
     params["compute_s"] = list(values[len(FIT_NAMES):])
     params["phase_form"] = form
-    params["bytes_scale"] = dict(scales or {})
+    for name in MEASURED_TERMS:
+        params[name] = dict((measured or {}).get(name, {}))
     params["step_extra_s"] = dict(extras or {})
     return params
 
 
-def _residuals(x, runs, overlap, form="sum", scales=None, extras=None):
-    params = _unpack(x, form, scales, extras)
+# terms each setting's runs measured, not fitted: its bytes' framing (:func:`bytes_scales`)
+# and its host CPU floor (:func:`cpu_floors`, in units of compute: set after the fit)
+MEASURED_TERMS = ("bytes_scale", "cpu_floor")
+
+
+def _residuals(x, runs, overlap, form="sum", measured=None, extras=None):
+    params = _unpack(x, form, measured, extras)
     out = list(_residuals_of(runs, params, overlap))
     out.append(PRIOR_WEIGHT * math.log(params["inter_efficiency"] / PRIOR_EFFICIENCY))
     out.append(PRIOR_INTRA_WEIGHT * math.log(params["intra_alpha_s"] / PRIOR_INTRA_ALPHA_S))
@@ -539,7 +613,7 @@ def fit(runs: list[Run], overlap: bool = True, form: str = "sum",
         raise ValueError(f"form must be one of {', '.join(PHASE_FORMS)}, got {form!r}")
 
     settings = max(r.setting_index for r in runs) + 1
-    scales = bytes_scales(runs)
+    measured = {"bytes_scale": bytes_scales(runs)}
     compute0 = [0.8 * min(r.iteration_s for r in runs if r.setting_index == s)
                 for s in range(settings)]
     lower = np.log(np.array(list(LOWER) + [COMPUTE_RANGE[0]] * settings))
@@ -555,7 +629,7 @@ def fit(runs: list[Run], overlap: bool = True, form: str = "sum",
         start = list(START)
         start[FIT_NAMES.index("inter_alpha_s")] = inter_alpha
         x0 = np.clip(np.log(np.array(start + compute0)), lower + 1e-9, upper - 1e-9)
-        x, sse = _fit_shared(x0, runs, overlap, form, scales, {}, (lower, upper), 400)
+        x, sse = _fit_shared(x0, runs, overlap, form, measured, {}, (lower, upper), 400)
         if best is None or sse < best[1]:
             best = (x, sse)
     x, sse = best
@@ -565,10 +639,15 @@ def fit(runs: list[Run], overlap: bool = True, form: str = "sum",
     for _ in range(EXTRA_ROUNDS if step_extra else 0):
         # against the shared parameters alone: the constants are refitted whole each round
         # (against predictions that held last round's, they would come out as the change)
-        extras = _step_extras(runs, _unpack(x, form, scales, {}), overlap)
-        x, sse = _fit_shared(x, runs, overlap, form, scales, extras, (lower, upper),
+        extras = _step_extras(runs, _unpack(x, form, measured, {}), overlap)
+        x, sse = _fit_shared(x, runs, overlap, form, measured, extras, (lower, upper),
                              REFIT_EVALUATIONS)
-    return _unpack(x, form, scales, extras), sse
+    # The CPU floors, in units of the compute just fitted, join only now: fitted beside the
+    # constants, a floor took the place of a constant paid in series with the wire (Ok-Topk's
+    # threshold work: at 1 Gbit/s its step is CPU-bound either way), and the slower rates,
+    # where the wire adds to that work instead of hiding it, came out up to 33% short.
+    measured = dict(measured, cpu_floor=cpu_floors(runs, _unpack(x, form)["compute_s"]))
+    return _unpack(x, form, measured, extras), sse
 
 
 def host_may_pace(runs: list[Run]) -> bool:
@@ -582,10 +661,10 @@ def host_may_pace(runs: list[Run]) -> bool:
     return not verdicts or any(v != "link" for v in verdicts)
 
 
-def _fit_shared(x0, runs, overlap, form, scales, extras, bounds, evaluations) -> tuple:
+def _fit_shared(x0, runs, overlap, form, measured, extras, bounds, evaluations) -> tuple:
     from scipy.optimize import least_squares
 
-    args = (runs, overlap, form, scales, extras)
+    args = (runs, overlap, form, measured, extras)
     result = least_squares(_residuals, x0, args=args, method="trf", bounds=bounds,
                            x_scale=1.0, diff_step=1e-4, max_nfev=evaluations * len(x0),
                            **({"loss": SHARED_LOSS, "f_scale": SHARED_LOSS_SCALE}
@@ -641,13 +720,15 @@ def wire_share(run: Run, params: dict, overlap) -> float:
 def wire_bound_algorithms(runs: list[Run], params: dict, overlap,
                           algorithms=None) -> list[str]:
     """The algorithms (of ``algorithms``, None: all) whose every run among ``runs`` spent at
-    least WIRE_BOUND_SHARE of its step on the wire (an unshaped run spends none): the fit takes
-    no fixed cost per step of theirs from such runs (:func:`_step_extras`), so one they have
-    is missing from their predictions on faster links."""
+    least WIRE_BOUND_SHARE of its step on the wire (an unshaped run spends none) and measured
+    no CPU floor (:func:`cpu_floors`): the fit takes no fixed cost per step of theirs from such
+    runs (:func:`_step_extras`), so one they have is missing from their predictions on faster
+    links. Where a run measured its CPU time, its floor carries that host work instead."""
     shares = defaultdict(list)
     for run in runs:
         if algorithms is None or run.algorithm in algorithms:
-            shares[run.algorithm].append(wire_share(run, params, overlap))
+            floored = cpu_floor_of(params, run) is not None
+            shares[run.algorithm].append(0.0 if floored else wire_share(run, params, overlap))
     return sorted(name for name, own in shares.items() if min(own) >= WIRE_BOUND_SHARE)
 
 
@@ -663,11 +744,12 @@ def _residuals_of(runs: list[Run], params: dict, overlap) -> np.ndarray:
     return np.array(out)
 
 
-def scales_json(scales: dict) -> list[dict]:
-    """The bytes scales as JSON rows (their keys are tuples)."""
+def scales_json(scales: dict, value: str = "scale") -> list[dict]:
+    """A term keyed per setting (:func:`bytes_key`: the bytes scales, the CPU floors) as JSON
+    rows, the term's value under ``value`` (the keys are tuples)."""
     names = ("algorithm", "density", "wire", "sparse_wire", "powersgd_rank", "nodes",
              "ranks_per_node", "model")
-    return [dict(zip(names, key), scale=float(value)) for key, value in sorted(
+    return [{**dict(zip(names, key)), value: float(number)} for key, number in sorted(
         scales.items(), key=lambda item: tuple(map(str, item[0])))]
 
 
@@ -696,10 +778,11 @@ def calibrate(paths, overlap: str = "hooks", form: str = "sum") -> dict:
         })
     worst = max(abs(r["error"]) for r in rows)
     fitted = {k: float(v) for k, v in params.items()
-              if k not in ("compute_s", "phase_form", "bytes_scale", "step_extra_s")}
+              if k not in ("compute_s", "phase_form", "step_extra_s") + MEASURED_TERMS}
     fitted["step_extra_s"] = dict(params["step_extra_s"])
     fitted["compute_s_per_setting"] = [float(v) for v in params["compute_s"]]
     fitted["bytes_scale"] = scales_json(params["bytes_scale"])
+    fitted["cpu_floor"] = scales_json(params["cpu_floor"], "floor_x_compute")
     return {"fitted": fitted, "overlap": mode_name(mode), "phase_form": form,
             "sum_sq_residuals": sse,
             "max_abs_error": float(worst), "within_20pct": bool(worst <= 0.20), "runs": rows,

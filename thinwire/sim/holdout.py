@@ -113,6 +113,7 @@ def holdout(paths, calibrate_at: str, overlap: str = "hooks", repeats: str = "ea
             "overlap": mode_name(mode), "phase_form": form, "sum_sq_residuals": sse,
             "fitted": {k: (list(map(float, v)) if k == "compute_s"
                            else scales_json(v) if k == "bytes_scale"
+                           else scales_json(v, "floor_x_compute") if k == "cpu_floor"
                            else dict(v) if k == "step_extra_s" else float(v))
                        for k, v in params.items() if k != "phase_form"},
             "in_sample_max_abs_error": max(in_sample), "held_out": rows,
@@ -220,6 +221,12 @@ def print_holdout(result: dict) -> None:
               f"{result['calibrate_at']}")
     if result.get("wire_bound"):
         print(f"wire-bound at {result['calibrate_at']} (no fixed cost per step fitted for "
-              f"them; a miss at faster rates may be one): {', '.join(result['wire_bound'])}")
+              f"them, no CPU floor measured; a miss at faster rates may be one): "
+              f"{', '.join(result['wire_bound'])}")
+    floors = {r["algorithm"]: round(r["floor_x_compute"], 2)
+              for r in result["fitted"].get("cpu_floor", [])}
+    if floors:
+        print(f"CPU floor a step (x the step's compute; the ranks' CPU time over the cores they "
+              f"share): {floors}")
     for note in result["skipped"]:
         print(f"skipped: {note}")

@@ -434,9 +434,10 @@ def wire_bound_note(runs: list, params: dict, mode, algorithms=None) -> list[str
     was wire-bound (:func:`thinwire.sim.calibrate.wire_bound_algorithms`): a fixed cost per
     step of theirs is not fitted from such runs (a constant and the goodput cannot be told
     apart there), so where they have one (ddp-fp16's 43 ms a step on the LM, dlcp's datagram
-    handling), their steps on a faster link come out short. Held out on the recorded sweeps,
-    12 of the 16 (algorithm, calibration rate) pairs that missed by over 20% were calibrated at
-    50 Mbit/s, where every step is mostly wire."""
+    handling), their steps on a faster link come out short. Held out on the recorded sweeps
+    without CPU times, 12 of the 16 (algorithm, calibration rate) pairs that missed by over 20%
+    were calibrated at 50 Mbit/s, where every step is mostly wire. Runs that measured their
+    CPU time carry their host work in a floor instead, and are not named."""
     bound = wire_bound_algorithms(runs, params, mode, algorithms)
     if not bound:
         return []
@@ -444,7 +445,7 @@ def wire_bound_note(runs: list, params: dict, mode, algorithms=None) -> list[str
             f"{WIRE_BOUND_SHARE:.0%} of its step on the wire, where a fixed cost per step of "
             f"theirs, if they have one, cannot be told from the goodput: their steps on faster "
             f"links may come out short by it; calibrate with runs at a faster rate too (or "
-            f"unshaped)"]
+            f"unshaped), or with runs that measured their CPU time (cpu_ms_per_iter)"]
 
 
 def measured_times(paths) -> dict:

@@ -31,8 +31,8 @@ def check_repeats(repeats: str) -> None:
 
 def median_of_repeats(runs: list[Run]) -> list[Run]:
     """One run per (algorithm, rate, cluster, model, options): the median of its repetitions'
-    iteration, compute and hook times (repeated ``thinwire compare`` sweeps on a loaded machine
-    differ by more than the communication being predicted)."""
+    iteration, compute, hook and CPU times (repeated ``thinwire compare`` sweeps on a loaded
+    machine differ by more than the communication being predicted)."""
     from thinwire.sim.calibrate import bytes_key  # what fixes a run's bytes: all but the rate
 
     groups = defaultdict(list)
@@ -47,7 +47,7 @@ def median_of_repeats(runs: list[Run]) -> list[Run]:
         group[0], source=f"median of {len(group)}: " + ", ".join(r.source for r in group),
         iteration_s=median(r.iteration_s for r in group),
         compute_s=median(r.compute_s for r in group), hook_s=median(r.hook_s for r in group),
-        extra=_merged_extra(group))
+        cpu_s=median(r.cpu_s for r in group), extra=_merged_extra(group))
         for group in groups.values()]
 
 

@@ -1,0 +1,145 @@
+"""The CPU floor: a setting's ranks' CPU seconds a step over the cores they share bound its step
+from below at any link rate. Where a slow wire hides the host's work, the step time cannot show
+it; the CPU time measured there carries it to the faster rates."""
+
+import dataclasses
+import json
+
+import pytest
+
+from thinwire.sim.calibrate import (Run, bytes_key, cpu_floor_of, cpu_floors, predict,
+                                    read_run, read_runs)
+from thinwire.sim.compute import uniform
+from thinwire.sim.holdout import holdout
+from thinwire.sim.repeats import median_of_repeats
+
+TRUE = {"inter_alpha_s": 3e-4, "inter_efficiency": 0.9, "intra_alpha_s": 1e-4,
+        "intra_bandwidth_Bps": 2e9, "sparse_rate": 5e7, "sparse_alpha_s": 2e-3,
+        "pass_rate": 1e9, "compute_s": [0.3], "phase_form": "max", "bytes_scale": {},
+        "step_extra_s": {}}
+RATES = (5e7, 2e8, 1e9)
+CORES = 2
+# allreduce's host work: 1.2 CPU-seconds a step over 2 cores, 0.6 s, whatever the rate; its
+# wire (8 MB a step) takes ~1.4 s at 50 Mbit/s and hides it there
+HOST_FLOOR_S = 0.6
+
+
+def _run(algorithm, bps, density=0.01, nodes=2):
+    return Run("synthetic", algorithm, algorithm, nodes, 4 // nodes, bps, "u",
+               uniform(2_000_000), density, None, 1.0)
+
+
+def _sweep(tmp_path, algorithms=("allreduce", "topk_allgather"), cpu=True, name="r.json"):
+    """Steps the model gives, allreduce's held at HOST_FLOOR_S from below; every run's CPU a
+    step is reported (allreduce's is the floor's, the others' one core's worth of their step,
+    which binds nothing) unless ``cpu`` is False."""
+    runs = []
+    for bps in RATES:
+        for algorithm in algorithms:
+            step = predict(_run(algorithm, bps), TRUE, overlap="hooks")["iteration_s"]
+            if algorithm in ("allreduce", "dlcp"):
+                step = max(step, HOST_FLOOR_S)
+            cpu_s = CORES * HOST_FLOOR_S if algorithm in ("allreduce", "dlcp") else step
+            runs.append({"algorithm": algorithm, "inter_node_bandwidth": bps, "status": "ok",
+                         "iteration_s": step, "compute_ms_per_iter": 300.0,
+                         "fidelity": {"verdict": "link"},
+                         **({"cpu_ms_per_iter": 1e3 * cpu_s, "host_cores": CORES}
+                            if cpu else {})})
+    path = tmp_path / name
+    path.write_text(json.dumps({"setting": {"nodes": 2, "ranks_per_node": 2,
+                                            "parameters": 2_000_000}, "runs": runs}))
+    return path
+
+
+def _error_at_1gbit(result, algorithm="allreduce"):
+    return next(row["error_calibrated"] for row in result["held_out"]
+                if row["algorithm"] == algorithm and row["inter_node_bandwidth_bps"] == 1e9)
+
+
+def test_host_work_hidden_behind_a_slow_wire_is_carried_to_a_fast_one(tmp_path):
+    result = holdout([_sweep(tmp_path)], "50mbit", form="max")
+    assert abs(_error_at_1gbit(result)) < 0.02
+    floors = {row["algorithm"]: row["floor_x_compute"]
+              for row in result["fitted"]["cpu_floor"]}
+    (compute_s,) = result["fitted"]["compute_s"]  # in units of the setting's compute
+    assert floors["allreduce"] * compute_s == pytest.approx(HOST_FLOOR_S)
+    for row in result["held_out"]:  # the others' floors bind nothing
+        assert abs(row["error_calibrated"]) < 0.05, row
+    assert "allreduce" not in result["wire_bound"]  # its floor carries what the wire hid
+
+
+def test_without_the_cpu_time_the_hidden_work_is_missed(tmp_path):
+    """Not vacuous: the same sweep without the CPU measurement misses allreduce at 1 Gbit/s
+    by more than the issue's 20% (its step there is its host work, which no constant
+    fitted at 50 Mbit/s can hold: the wire is most of those steps)."""
+    result = holdout([_sweep(tmp_path, cpu=False)], "50mbit", form="max")
+    assert _error_at_1gbit(result) < -0.25
+    assert result["fitted"]["cpu_floor"] == []
+    assert "allreduce" in result["wire_bound"]  # and the report says where to look
+
+
+def test_an_algorithm_that_paces_its_datagrams_gives_no_floor(tmp_path):
+    """DLCP's sockets' waits cost CPU in proportion to its wire time: its CPU at a slow rate is
+    not its work at a fast one, so it is not taken as a floor."""
+    runs, _ = read_runs([_sweep(tmp_path, algorithms=("allreduce", "dlcp"))])
+    floors = {key[0] for key in cpu_floors(runs, [0.3] * 3)}
+    assert floors == {"allreduce"}
+
+
+def test_a_candidate_not_measured_takes_its_algorithms_floor_on_the_same_cluster_and_model():
+    params = dict(TRUE, cpu_floor={bytes_key(_run("allreduce", 1e9)): 0.5 / 0.3,
+                                   bytes_key(_run("hitopk", 1e9)): 0.7 / 0.3})
+    assert cpu_floor_of(params, _run("hitopk", 1e9, density=0.05)) == pytest.approx(0.7)
+    assert cpu_floor_of(params, _run("hitopk", 1e9, nodes=4)) is None  # another cluster
+    assert cpu_floor_of(params, _run("topk_allgather", 1e9)) is None
+    floored = predict(_run("hitopk", 1e9, density=0.05), params, "hooks")
+    assert floored["iteration_s"] == pytest.approx(0.7)
+    assert floored["cpu_floor_s"] == pytest.approx(0.7)
+    assert floored["sync_s"] == pytest.approx(0.7 - floored["compute_s"])
+
+
+def test_the_floor_scales_with_the_compute_of_the_setting_planned():
+    """A plan for a device with a tenth of the emulator's compute time a step takes a tenth of
+    the floor: it is the emulator's ranks' host work, which scales as their compute does."""
+    params = dict(TRUE, cpu_floor={bytes_key(_run("allreduce", 1e9)): 2.0})
+    faster = dict(params, compute_s=[0.03])
+    assert cpu_floor_of(params, _run("allreduce", 1e9)) == pytest.approx(0.6)
+    assert cpu_floor_of(faster, _run("allreduce", 1e9)) == pytest.approx(0.06)
+
+
+def test_the_cpu_time_is_read_and_its_repetitions_taken_by_the_median(tmp_path):
+    setting = {"nodes": 2, "ranks_per_node": 2, "parameters": 1_000_000}
+    run = read_run({"algorithm": "hitopk", "iteration_s": 1.0, "cpu_ms_per_iter": 900.0,
+                    "host_cores": 2}, setting, "w", "s")
+    assert (run.cpu_s, run.cores) == (0.9, 2)
+    bare = read_run({"algorithm": "hitopk", "iteration_s": 1.0}, setting, "w", "s")
+    assert (bare.cpu_s, bare.cores) == (None, None)
+    repeats = [dataclasses.replace(run, cpu_s=c) for c in (0.9, 1.5, None, 1.1)]
+    (merged,) = median_of_repeats(repeats)
+    assert merged.cpu_s == pytest.approx(1.1)  # the median of those that measured it
+
+
+def test_a_cost_paid_in_series_with_the_wire_is_not_taken_by_the_floor(tmp_path):
+    """Ok-Topk's threshold work is paid before its exchange, at every rate. Calibrated where it
+    makes the step CPU-bound (1 Gbit/s: the floor equals the step), the floor and a constant
+    explain that step alike; the constant is fitted first, so the slower rates, where the wire
+    adds to that work, keep it. (Fitted beside the constants, the floor took its place and the
+    recorded MNIST sweep's Ok-Topk came out 33% short at 50 Mbit/s from 1 Gbit/s.)"""
+    extra = {"hitopk": 0.25}
+    runs = []
+    for bps in RATES:
+        for algorithm in ("allreduce", "hier_allreduce", "topk_allgather", "hitopk"):
+            row = predict(_run(algorithm, bps), dict(TRUE, step_extra_s=extra), "hooks")
+            at_1gbit = predict(_run(algorithm, 1e9), dict(TRUE, step_extra_s=extra), "hooks")
+            runs.append({"algorithm": algorithm, "inter_node_bandwidth": bps, "status": "ok",
+                         "iteration_s": row["iteration_s"], "compute_ms_per_iter": 300.0,
+                         "fidelity": {"verdict": "link"}, "host_cores": CORES,
+                         # the same host work at every rate: all of the step at 1 Gbit/s
+                         "cpu_ms_per_iter": 1e3 * CORES * at_1gbit["iteration_s"]})
+    path = tmp_path / "series.json"
+    path.write_text(json.dumps({"setting": {"nodes": 2, "ranks_per_node": 2,
+                                            "parameters": 2_000_000}, "runs": runs}))
+    result = holdout([path], "1gbit", form="max")
+    assert result["fitted"]["step_extra_s"]["hitopk"] == pytest.approx(0.25, rel=0.2)
+    for row in result["held_out"]:
+        assert abs(row["error_calibrated"]) < 0.05, row
