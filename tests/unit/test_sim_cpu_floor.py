@@ -143,3 +143,30 @@ def test_a_cost_paid_in_series_with_the_wire_is_not_taken_by_the_floor(tmp_path)
     assert result["fitted"]["step_extra_s"]["hitopk"] == pytest.approx(0.25, rel=0.2)
     for row in result["held_out"]:
         assert abs(row["error_calibrated"]) < 0.05, row
+
+
+def test_the_bench_tables_the_cpu_by_rate_and_the_holdout_with_and_without_the_floor(
+        tmp_path, capsys):
+    from thinwire.cli import main as thinwire_main
+
+    out = tmp_path / "floor.json"
+    assert thinwire_main(["bench", "cpu-floor", "--results", str(_sweep(tmp_path)),
+                          "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    allreduce = {row["rate_mbit"]: row for row in result["cpu"] if row["algorithm"] == "allreduce"}
+    assert set(allreduce) == {50, 200, 1000}
+    assert all(row["cpu_vs_fastest"] == pytest.approx(1.0) for row in allreduce.values())
+    # at 1 Gbit/s its step is its host work: the cores were all its ranks'
+    assert allreduce[1000]["cores_share"] == pytest.approx(1.0)
+    from_50 = {row["cpu_floor"]: row for row in result["holdout"]
+               if row["calibrate_at_mbit"] == 50}
+    assert from_50[True]["misses"] == {} and "allreduce" in from_50[False]["misses"]
+    assert "cpu_vs_fastest" in capsys.readouterr().out
+
+
+def test_the_bench_refuses_sweeps_without_the_cpu_time(tmp_path, capsys):
+    from thinwire.cli import main as thinwire_main
+
+    assert thinwire_main(["bench", "cpu-floor", "--results",
+                          str(_sweep(tmp_path, cpu=False))]) != 0
+    assert "cpu_ms_per_iter" in capsys.readouterr().err

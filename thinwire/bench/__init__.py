@@ -37,6 +37,7 @@ BENCH_MODULES = [
     "thinwire.bench.powersgd_start",
     "thinwire.bench.pace_trigger",
     "thinwire.bench.ddp_auto_replan",
+    "thinwire.bench.cpu_floor",
 ]
 
 

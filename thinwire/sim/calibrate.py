@@ -605,10 +605,11 @@ def _residuals(x, runs, overlap, form="sum", measured=None, extras=None):
 
 
 def fit(runs: list[Run], overlap: bool = True, form: str = "sum",
-        step_extra: bool = True) -> tuple[dict, float]:
+        step_extra: bool = True, cpu_floor: bool = True) -> tuple[dict, float]:
     """Least-squares parameters for ``runs`` and the final sum of squared residuals.
     ``form``: how a phase's fixed cost and wire time combine (``thinwire.sim.network``);
-    ``step_extra``: then fit each algorithm's unexplained fixed cost per step."""
+    ``step_extra``: then fit each algorithm's unexplained fixed cost per step;
+    ``cpu_floor``: then take each setting's measured CPU floor (off: to measure what it adds)."""
     if form not in PHASE_FORMS:
         raise ValueError(f"form must be one of {', '.join(PHASE_FORMS)}, got {form!r}")
 
@@ -646,7 +647,8 @@ def fit(runs: list[Run], overlap: bool = True, form: str = "sum",
     # constants, a floor took the place of a constant paid in series with the wire (Ok-Topk's
     # threshold work: at 1 Gbit/s its step is CPU-bound either way), and the slower rates,
     # where the wire adds to that work instead of hiding it, came out up to 33% short.
-    measured = dict(measured, cpu_floor=cpu_floors(runs, _unpack(x, form)["compute_s"]))
+    measured = dict(measured, cpu_floor=cpu_floors(runs, _unpack(x, form)["compute_s"])
+                    if cpu_floor else {})
     return _unpack(x, form, measured, extras), sse
 
 

@@ -53,11 +53,12 @@ def _held_out_prediction(run: Run, params: dict, train: list[Run], compute_s: fl
 
 
 def holdout(paths, calibrate_at: str, overlap: str = "hooks", repeats: str = "each",
-            form: str = "sum") -> dict:
+            form: str = "sum", cpu_floor: bool = True) -> dict:
     """Fit on the runs at ``calibrate_at`` (a rate: "200mbit", or "none" for unshaped runs),
     predict the others; rows per held-out run and the largest error per algorithm.
     ``repeats``: "each" run on its own, or the "median" of the repetitions of a run.
-    ``form``: how a phase's fixed cost and wire time combine (``sim.network.PHASE_FORMS``)."""
+    ``form``: how a phase's fixed cost and wire time combine (``sim.network.PHASE_FORMS``);
+    ``cpu_floor``: take the runs' measured CPU floors (:func:`calibrate.cpu_floors`)."""
     modes = overlap_modes(overlap)
     check_repeats(repeats)
     rate = rate_bps(calibrate_at)
@@ -73,7 +74,7 @@ def holdout(paths, calibrate_at: str, overlap: str = "hooks", repeats: str = "ea
     if not held:
         raise ValueError(f"--calibrate-at {calibrate_at}: every run is at that rate, nothing "
                          f"is left to predict out of sample (give a sweep of several rates)")
-    (params, sse), mode = min(((fit(train, m, form), m) for m in modes),
+    (params, sse), mode = min(((fit(train, m, form, cpu_floor=cpu_floor), m) for m in modes),
                               key=lambda f: f[0][1])
     fitted_compute = {}
     for run in train:
