@@ -114,9 +114,12 @@ def test_the_cpu_time_is_read_and_its_repetitions_taken_by_the_median(tmp_path):
     assert (run.cpu_s, run.cores) == (0.9, 2)
     bare = read_run({"algorithm": "hitopk", "iteration_s": 1.0}, setting, "w", "s")
     assert (bare.cpu_s, bare.cores) == (None, None)
-    repeats = [dataclasses.replace(run, cpu_s=c) for c in (0.9, 1.5, None, 1.1)]
+    # the first repetition (an older sweep) recorded neither its CPU nor the cores
+    repeats = [dataclasses.replace(run, cpu_s=c, cores=2 if c else None)
+               for c in (None, 0.9, 1.5, 1.1)]
     (merged,) = median_of_repeats(repeats)
     assert merged.cpu_s == pytest.approx(1.1)  # the median of those that measured it
+    assert merged.cores == 2
 
 
 def test_a_cost_paid_in_series_with_the_wire_is_not_taken_by_the_floor(tmp_path):

@@ -47,7 +47,10 @@ def median_of_repeats(runs: list[Run]) -> list[Run]:
         group[0], source=f"median of {len(group)}: " + ", ".join(r.source for r in group),
         iteration_s=median(r.iteration_s for r in group),
         compute_s=median(r.compute_s for r in group), hook_s=median(r.hook_s for r in group),
-        cpu_s=median(r.cpu_s for r in group), extra=_merged_extra(group))
+        cpu_s=median(r.cpu_s for r in group),
+        # the cores of the repetitions that measured their CPU (older runs did not record it)
+        cores=next((r.cores for r in group if r.cpu_s is not None and r.cores), None),
+        extra=_merged_extra(group))
         for group in groups.values()]
 
 
