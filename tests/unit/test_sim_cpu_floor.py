@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from thinwire.sim.calibrate import (Run, bytes_key, cpu_floor_of, cpu_floors, predict,
-                                    read_run, read_runs)
+from thinwire.sim.calibrate import (Run, bytes_key, cpu_floor_of, cpu_floors, fit, predict,
+                                    read_run, read_runs, refit_step_extras, reindexed)
 from thinwire.sim.compute import uniform
 from thinwire.sim.holdout import holdout
 from thinwire.sim.repeats import median_of_repeats
@@ -65,7 +65,6 @@ def test_host_work_hidden_behind_a_slow_wire_is_carried_to_a_fast_one(tmp_path):
     assert floors["allreduce"] * compute_s == pytest.approx(HOST_FLOOR_S)
     for row in result["held_out"]:  # the others' floors bind nothing
         assert abs(row["error_calibrated"]) < 0.05, row
-    assert "allreduce" not in result["wire_bound"]  # its floor carries what the wire hid
 
 
 def test_without_the_cpu_time_the_hidden_work_is_missed(tmp_path):
@@ -75,7 +74,7 @@ def test_without_the_cpu_time_the_hidden_work_is_missed(tmp_path):
     result = holdout([_sweep(tmp_path, cpu=False)], "50mbit", form="max")
     assert _error_at_1gbit(result) < -0.25
     assert result["fitted"]["cpu_floor"] == []
-    assert "allreduce" in result["wire_bound"]  # and the report says where to look
+    assert "allreduce" in result["wire_bound"]  # the report says where to look
 
 
 def test_an_algorithm_that_paces_its_datagrams_gives_no_floor(tmp_path):
@@ -146,6 +145,14 @@ def test_a_cost_paid_in_series_with_the_wire_is_not_taken_by_the_floor(tmp_path)
     assert result["fitted"]["step_extra_s"]["hitopk"] == pytest.approx(0.25, rel=0.2)
     for row in result["held_out"]:
         assert abs(row["error_calibrated"]) < 0.05, row
+    # the plan refits the constants after a probe moves a shared parameter: without the
+    # floors too, or the floor would take the constant there
+    calibration = reindexed([r for r in read_runs([path])[0] if r.inter_bps == 1e9])
+    params, _ = fit(calibration, overlap="hooks", form="max")
+    assert params["cpu_floor"]
+    refitted = refit_step_extras(calibration, params, "hooks")
+    assert refitted["step_extra_s"]["hitopk"] == pytest.approx(0.25, rel=0.2)
+    assert refitted["cpu_floor"] == params["cpu_floor"]
 
 
 def test_the_bench_tables_the_cpu_by_rate_and_the_holdout_with_and_without_the_floor(
@@ -173,3 +180,22 @@ def test_the_bench_refuses_sweeps_without_the_cpu_time(tmp_path, capsys):
     assert thinwire_main(["bench", "cpu-floor", "--results",
                           str(_sweep(tmp_path, cpu=False))]) != 0
     assert "cpu_ms_per_iter" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("env, world, expected", [
+    ({"THINWIRE_CLUSTER_SHAPED": "1"}, 4, 2.0),              # the emulator: one host
+    ({"THINWIRE_CLUSTER_SHAPED": "0", "THINWIRE_NODE_CPUS": "0.5", "THINWIRE_NODES": "2"},
+     4, 1.0),                                                 # its nodes' quotas, 2 x 0.5
+    ({"LOCAL_WORLD_SIZE": "4"}, 4, 2.0),                      # torchrun on one host
+    ({"LOCAL_WORLD_SIZE": "2"}, 4, None),                     # ranks on two hosts: no pool
+])
+def test_the_cores_the_ranks_share(monkeypatch, env, world, expected):
+    from thinwire.train.metrics import shared_cores
+
+    for name in ("THINWIRE_CLUSTER_SHAPED", "THINWIRE_NODE_CPUS", "THINWIRE_NODES",
+                 "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    assert shared_cores(world) == expected

@@ -86,6 +86,8 @@ def node_env(spec: ClusterSpec, node: int, ifname: str, extra: dict | None) -> d
         "THINWIRE_CLUSTER_SHAPED": "1" if spec.shaping else "0",
         "PYTHONUNBUFFERED": "1",
     })
+    if spec.node_cpus:  # the ranks' CPU a step is spread over the nodes' quotas, not the host
+        env["THINWIRE_NODE_CPUS"] = str(spec.node_cpus)
     if spec.node_memory_bytes:  # a node's /sys has no cgroup file systems (ip netns exec)
         env["THINWIRE_NODE_MEMORY_BYTES"] = str(spec.node_memory_bytes)
     if spec.link_classes:  # what a rank needs for qos.tos_for_class

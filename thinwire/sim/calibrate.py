@@ -174,7 +174,7 @@ class Run:
     powersgd_rank: int = 4
     sparse_wire: str = "fp32"        # the selected values' dtype (sparse_wire algorithms)
     cpu_s: float | None = None       # measured CPU seconds a step, all ranks together
-    cores: int | None = None         # the cores those ranks shared (the emulator's host)
+    cores: float | None = None       # the cores those ranks shared (the emulator's host)
 
 
 def _pick(mapping: dict, key: str, default=None):
@@ -314,7 +314,7 @@ def read_run(raw: dict, setting: dict, where: str, source: str) -> Run | str:
                          if isinstance(raw.get("fidelity"), dict) else {})},
                shapes=None if shapes is None else tuple(shapes), powersgd_rank=rank,
                sparse_wire=sparse_wire, cpu_s=_cpu_s(merged),
-               cores=int(merged["host_cores"]) if _number(merged.get("host_cores")) else None)
+               cores=_number(merged.get("host_cores")))
 
 
 def _cpu_s(merged: dict) -> float | None:
@@ -451,9 +451,11 @@ def cpu_floors(runs: list[Run], compute_s: list[float]) -> dict:
     In units of compute, as the selection and the fixed costs per step scale: a plan for a
     faster device scales it down with the compute (it is the host work of the emulator's ranks,
     not of a GPU cluster's). Runs without the measurement (``cpu_ms_per_iter``) give none, and
-    so does an algorithm that paces its own datagrams (:func:`paced`): its sockets' waits cost
-    CPU in proportion to the wire time (DLCP on MNIST 2 x 2: 1231 ms of CPU a step at
-    50 Mbit/s, 783 at 1 Gbit/s), so its CPU at a slow rate overstates its work at a fast one."""
+    so does an algorithm that paces its own datagrams (:func:`paced`): its CPU a step grows
+    as the link slows (DLCP on the fourth MNIST 2 x 2 sweep: 985 ms of CPU a step at 50 and at
+    200 Mbit/s, 755 at 1 Gbit/s), so its CPU at a slow rate overstates its work at a fast one.
+    DiLoCo's step gets none (its inner steps' CPU is not measured apart from its outer
+    exchanges): a plan ranks it without a floor beside floored per-step candidates."""
     floors = defaultdict(list)
     for run in runs:
         if run.cpu_s is not None and run.cores and not paced(run):
@@ -609,7 +611,8 @@ def fit(runs: list[Run], overlap: bool = True, form: str = "sum",
     """Least-squares parameters for ``runs`` and the final sum of squared residuals.
     ``form``: how a phase's fixed cost and wire time combine (``thinwire.sim.network``);
     ``step_extra``: then fit each algorithm's unexplained fixed cost per step;
-    ``cpu_floor``: then take each setting's measured CPU floor (off: to measure what it adds)."""
+    ``cpu_floor``: then take each setting's measured CPU floor (off: to measure what it adds).
+    The sum of squares returned is the fit's, before the floors join."""
     if form not in PHASE_FORMS:
         raise ValueError(f"form must be one of {', '.join(PHASE_FORMS)}, got {form!r}")
 
@@ -704,8 +707,9 @@ def refit_step_extras(runs: list[Run], params: dict, overlap) -> dict:
     shared parameters held (as :func:`fit` derives them): where a shared parameter changed
     after the fit (the plan's intra-node rate from a probe), the constants fitted against
     the old value would keep the time it charged."""
-    return dict(params, step_extra_s=_step_extras(runs, dict(params, step_extra_s={}),
-                                                  overlap))
+    # against the shared parameters alone, without the CPU floors, as fit() derives them
+    return dict(params, step_extra_s=_step_extras(
+        runs, dict(params, step_extra_s={}, cpu_floor={}), overlap))
 
 
 def wire_share(run: Run, params: dict, overlap) -> float:
@@ -722,15 +726,15 @@ def wire_share(run: Run, params: dict, overlap) -> float:
 def wire_bound_algorithms(runs: list[Run], params: dict, overlap,
                           algorithms=None) -> list[str]:
     """The algorithms (of ``algorithms``, None: all) whose every run among ``runs`` spent at
-    least WIRE_BOUND_SHARE of its step on the wire (an unshaped run spends none) and measured
-    no CPU floor (:func:`cpu_floors`): the fit takes no fixed cost per step of theirs from such
-    runs (:func:`_step_extras`), so one they have is missing from their predictions on faster
-    links. Where a run measured its CPU time, its floor carries that host work instead."""
+    least WIRE_BOUND_SHARE of its step on the wire (an unshaped run spends none): the fit takes
+    no fixed cost per step of theirs from such runs (:func:`_step_extras`), so one they have
+    is missing from their predictions on faster links. A CPU floor (:func:`cpu_floors`) does
+    not clear them: it carries the host work where a faster step is the host's alone, and on
+    the recorded sweeps misses of 21-28% remained beside it where the step was not."""
     shares = defaultdict(list)
     for run in runs:
         if algorithms is None or run.algorithm in algorithms:
-            floored = cpu_floor_of(params, run) is not None
-            shares[run.algorithm].append(0.0 if floored else wire_share(run, params, overlap))
+            shares[run.algorithm].append(wire_share(run, params, overlap))
     return sorted(name for name, own in shares.items() if min(own) >= WIRE_BOUND_SHARE)
 
 

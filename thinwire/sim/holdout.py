@@ -222,8 +222,7 @@ def print_holdout(result: dict) -> None:
               f"{result['calibrate_at']}")
     if result.get("wire_bound"):
         print(f"wire-bound at {result['calibrate_at']} (no fixed cost per step fitted for "
-              f"them, no CPU floor measured; a miss at faster rates may be one): "
-              f"{', '.join(result['wire_bound'])}")
+              f"them; a miss at faster rates may be one): {', '.join(result['wire_bound'])}")
     floors = {r["algorithm"]: round(r["floor_x_compute"], 2)
               for r in result["fitted"].get("cpu_floor", [])}
     if floors:

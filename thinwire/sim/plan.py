@@ -437,7 +437,8 @@ def wire_bound_note(runs: list, params: dict, mode, algorithms=None) -> list[str
     handling), their steps on a faster link come out short. Held out on the recorded sweeps
     without CPU times, 12 of the 16 (algorithm, calibration rate) pairs that missed by over 20%
     were calibrated at 50 Mbit/s, where every step is mostly wire. Runs that measured their
-    CPU time carry their host work in a floor instead, and are not named."""
+    CPU time carry some of that work in a floor (calibrate.cpu_floors), but are still named:
+    with the floor, misses of 21-28% remained on the recorded sweeps."""
     bound = wire_bound_algorithms(runs, params, mode, algorithms)
     if not bound:
         return []
@@ -445,7 +446,7 @@ def wire_bound_note(runs: list, params: dict, mode, algorithms=None) -> list[str
             f"{WIRE_BOUND_SHARE:.0%} of its step on the wire, where a fixed cost per step of "
             f"theirs, if they have one, cannot be told from the goodput: their steps on faster "
             f"links may come out short by it; calibrate with runs at a faster rate too (or "
-            f"unshaped), or with runs that measured their CPU time (cpu_ms_per_iter)"]
+            f"unshaped)"]
 
 
 def measured_times(paths) -> dict:

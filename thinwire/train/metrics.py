@@ -37,13 +37,24 @@ def interface_tx_bytes(ifname: str = "eth0") -> int | None:
     return None
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity; every rank of the emulated cluster
-    shares the host's): what the ranks' CPU time a step is spread over."""
+def shared_cores(world: int) -> float | None:
+    """The cores every rank of the run shares, which their summed CPU time a step is spread
+    over: the host's (this process's affinity) where all ranks run on one host - the emulated
+    cluster, or a run whose local world is the whole world - capped by the emulator's node
+    budgets (``--node-cpus``, a CFS quota per node); None where the ranks span hosts (their
+    CPU is summed over hosts whose cores are not one pool)."""
+    one_host = "THINWIRE_CLUSTER_SHAPED" in os.environ \
+        or int(os.environ.get("LOCAL_WORLD_SIZE", world)) == world
+    if not one_host:
+        return None
     try:
-        return len(os.sched_getaffinity(0))
+        cores = float(len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        cores = float(os.cpu_count() or 1)
+    budget = os.environ.get("THINWIRE_NODE_CPUS")
+    if budget:
+        cores = min(cores, float(budget) * int(os.environ.get("THINWIRE_NODES", "1")))
+    return cores
 
 
 class Metrics:
@@ -196,7 +207,7 @@ class Metrics:
             "samples_per_s": samples / (iter_ms / 1000) if iter_ms else None,
             "iter_ms": iter_ms, "compute_ms_per_iter": self.compute_ms,
             "sync_ms_per_iter": sync_ms,
-            "cpu_ms_per_iter": self.cpu_ms, "host_cores": usable_cores(),
+            "cpu_ms_per_iter": self.cpu_ms, "host_cores": shared_cores(self.world),
             "comm_share": sync_ms / iter_ms if sync_ms is not None and iter_ms else None,
             "inter_node_mb_per_iter": self.inter_node_bytes_per_iter / 1e6
             if self.inter_node_bytes_per_iter is not None else None,
