@@ -49,12 +49,11 @@ def cpu_rows(runs) -> list[dict]:
     return rows
 
 
-def holdout_rows(paths, repeats: str) -> list[dict]:
-    """Per calibration rate, with and without the floor: algorithms within 20% and misses."""
-    from thinwire.sim.calibrate import read_runs
+def holdout_rows(paths, runs, repeats: str) -> list[dict]:
+    """Per calibration rate (each shaped rate of ``runs``, the runs ``paths`` hold), with and
+    without the floor: algorithms within 20% and misses."""
     from thinwire.sim.holdout import holdout
 
-    runs, _ = read_runs(paths)
     rates = sorted({r.inter_bps for r in runs if r.inter_bps is not None})
     rows = []
     for bps in rates:
@@ -84,7 +83,7 @@ def run(args) -> int:
     if not cpu:
         raise ValueError("--results: no shaped run recorded its CPU a step (cpu_ms_per_iter and "
                          "host_cores; thinwire train records them since 2b3fad3): race again")
-    held = holdout_rows(args.results, args.repeats)
+    held = holdout_rows(args.results, runs, args.repeats)
     print(format_table(cpu, ["algorithm", "rate_mbit", "runs", "step_ms", "cpu_ms", "cores",
                              "cores_share", "cpu_vs_fastest"]))
     print()

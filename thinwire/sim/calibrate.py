@@ -750,6 +750,16 @@ def _residuals_of(runs: list[Run], params: dict, overlap) -> np.ndarray:
     return np.array(out)
 
 
+def floors_line(fitted: dict) -> str | None:
+    """The fitted CPU floors (``fitted["cpu_floor"]``, :func:`scales_json` rows) as the line
+    `thinwire simulate` prints; None where there are none."""
+    floors = {r["algorithm"]: round(r["floor_x_compute"], 2) for r in fitted.get("cpu_floor", [])}
+    if not floors:
+        return None
+    return f"CPU floor a step (x the step's compute; the ranks' CPU time over the cores they " \
+           f"share): {floors}"
+
+
 def scales_json(scales: dict, value: str = "scale") -> list[dict]:
     """A term keyed per setting (:func:`bytes_key`: the bytes scales, the CPU floors) as JSON
     rows, the term's value under ``value`` (the keys are tuples)."""

@@ -220,6 +220,8 @@ def _print_simulation(result: dict) -> None:
 
 
 def _print_calibration(result: dict) -> None:
+    from thinwire.sim.calibrate import floors_line
+
     f = result["fitted"]
     print("fitted: " + ", ".join(f"{k}={v:.4g}" for k, v in f.items()
                                  if isinstance(v, float))
@@ -232,10 +234,9 @@ def _print_calibration(result: dict) -> None:
               if abs(r["scale"] - 1) > 0.05}
     if scaled:
         print(f"measured / modelled inter-node bytes: {scaled}")
-    floors = {r["algorithm"]: round(r["floor_x_compute"], 2) for r in f.get("cpu_floor", [])}
+    floors = floors_line(f)
     if floors:
-        print(f"CPU floor a step (x the step's compute; the ranks' CPU time over the cores they "
-              f"share): {floors}")
+        print(floors)
     rows = [{"algorithm": r["algorithm"], "nodes": r["nodes"], "ranks/node": r["ranks_per_node"],
              "measured_ms": 1e3 * r["measured_s"], "predicted_ms": 1e3 * r["predicted_s"],
              "error_%": 100 * r["error"]} for r in result["runs"]]

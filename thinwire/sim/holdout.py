@@ -32,8 +32,8 @@ import dataclasses
 from collections import defaultdict
 
 from thinwire.sim.calibrate import (DILOCO_APART, Run, rate_bps, reindexed, fit, mode_name,
-                                    overlap_modes, predict, read_runs, scales_json,
-                                    wire_bound_algorithms)
+                                    floors_line, overlap_modes, predict, read_runs,
+                                    scales_json, wire_bound_algorithms)
 from thinwire.sim.diloco_fit import fit_extra, placed_on, predicted_step, read_diloco_runs
 from thinwire.sim.repeats import check_repeats, median_of_repeats
 
@@ -223,10 +223,8 @@ def print_holdout(result: dict) -> None:
     if result.get("wire_bound"):
         print(f"wire-bound at {result['calibrate_at']} (no fixed cost per step fitted for "
               f"them; a miss at faster rates may be one): {', '.join(result['wire_bound'])}")
-    floors = {r["algorithm"]: round(r["floor_x_compute"], 2)
-              for r in result["fitted"].get("cpu_floor", [])}
+    floors = floors_line(result["fitted"])
     if floors:
-        print(f"CPU floor a step (x the step's compute; the ranks' CPU time over the cores they "
-              f"share): {floors}")
+        print(floors)
     for note in result["skipped"]:
         print(f"skipped: {note}")
