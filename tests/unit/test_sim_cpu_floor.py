@@ -199,3 +199,36 @@ def test_the_cores_the_ranks_share(monkeypatch, env, world, expected):
         monkeypatch.setenv(name, value)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     assert shared_cores(world) == expected
+
+
+
+def test_the_plan_names_the_floors_and_the_candidates_they_hold(tmp_path, capsys):
+    """`thinwire plan` uses the floors: its JSON lists them, and a candidate whose step is its
+    host work is marked (set_by=cpu in the table), so a user sees why it is no faster at a
+    faster link."""
+    from plan_helpers import _results
+
+    from thinwire.cli import main as thinwire_main
+    from thinwire.sim.plan import make_plan
+
+    path = _results(tmp_path)
+    data = json.loads(path.read_text())
+    for run in data["runs"]:  # the all-reduce's host work: 1 s a step on 2 cores (its 50 Mbit/s
+        cpu_s = CORES * 1.0 if run["algorithm"] == "allreduce" else 0.05
+        run.update(cpu_ms_per_iter=1e3 * cpu_s, host_cores=CORES)  # step, 3.8 s, hides it)
+    path.write_text(json.dumps(data))
+    plan = make_plan([path], [path], None, None, None, ["1gbit"], calibrate_at="50mbit",
+                     with_break_even=False)
+    floors = {row["algorithm"]: row["floor_x_compute"] for row in plan["cpu_floor"]}
+    assert floors["allreduce"] * plan["compute_s"] == pytest.approx(1.0, rel=0.02)
+    held = {row["candidate"]: row for row in plan["plans"][0]["rows"]}
+    assert held["allreduce"]["cpu_floor_s"] == pytest.approx(1.0, rel=0.02)
+    assert held["allreduce"]["step_s"] == pytest.approx(1.0, rel=0.02)
+    assert held["hitopk d=0.05 mstopk-carry values=fp16"]["cpu_floor_s"] is None  # binds nothing
+    assert thinwire_main(["plan", "--calibrate", str(path), "--calibrate-at", "50mbit",
+                          "--inter-node-bandwidth", "1gbit"]) == 0
+    out = capsys.readouterr().out
+    assert "CPU floor a step" in out
+    table = [line.split() for line in out.splitlines() if line.strip()[:2].strip().isdigit()]
+    marked = {row[1]: row[-1] == "cpu" for row in table}
+    assert marked["allreduce"] and not marked["hitopk"]

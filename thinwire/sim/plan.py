@@ -28,7 +28,8 @@ from thinwire import collectives
 from thinwire.sim import powersgd
 from thinwire.sim.calibrate import (ALGORITHM_ALIASES, WIRE_BOUND_SHARE, Run, fit, mode_name,
                                     overlap_modes, predict, predict_diloco, rate_bps, read_runs,
-                                    refit_step_extras, reindexed, wire_bound_algorithms)
+                                    refit_step_extras, reindexed, scales_json,
+                                    wire_bound_algorithms)
 from thinwire.sim.diloco_fit import fit_extra, read_diloco_runs
 from thinwire.sim.diloco_fit import warnings as diloco_warnings
 from thinwire.sim.steps import candidate_of, entries_for, merged_spread, read_table
@@ -174,6 +175,9 @@ def rank(setting: Setting, params: dict, overlap, layers_key: str, layers: list,
             "settings": cand.settings,
             "kind": "dense" if cand.algorithm in DENSE else "compressed",
             "step_s": row["iteration_s"], "inter_node_mb_per_step": row["inter_node_mb_per_iter"],
+            # the step held at the host's measured CPU a step (calibrate.cpu_floors), where
+            # that is longer than its phases: the cores, not the link, set its pace
+            "cpu_floor_s": row.get("cpu_floor_s"),
             "steps": steps, "steps_spread": entry.spread if entry is not None else None,
             "steps_source": "measured" if entry is not None else (
                 None if guess is None else
@@ -397,6 +401,9 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
         # the host's seconds per inter-node byte beside the wire's (~0 where every calibration
         # run's pace was its link's: then it is held at its floor, not fitted)
         "inter_host_s_per_byte": params.get("inter_host_s_per_byte", 0.0),
+        # each measured setting's CPU floor, x its compute (calibrate.cpu_floors; none where
+        # the calibration runs did not record their CPU)
+        "cpu_floor": scales_json(params.get("cpu_floor", {}), "floor_x_compute"),
         # DiLoCo's fitted cost beyond its phases (None: the calibration held no DiLoCo run)
         "diloco_extra": params.get("diloco_extra"),
         "calibration": [str(p) for p in calibration], "steps_from": [str(p) for p in steps_files],

@@ -18,6 +18,7 @@ from pathlib import Path
 from thinwire.cliargs import integer, number
 from thinwire.collectives import costs
 from thinwire.output import check_output_path, format_table, write_json_atomic
+from thinwire.sim.calibrate import floors_line
 from thinwire.sim.network import PHASE_FORMS
 from thinwire.sim.repeats import add_repeats_option
 
@@ -77,6 +78,10 @@ def _print(plan: dict) -> None:
                  "was paced by its link)")
               + (f"; {', '.join(paced)}: at the nominal rate (its sender paces its datagrams)"
                  if paced else ""))
+    floors = floors_line({"cpu_floor": plan.get("cpu_floor", [])})
+    if floors:
+        print(f"{floors}; set_by=cpu: the step is held at it (the cores, not the link, set "
+              f"its pace)")
     for one in plan["plans"]:
         ranked = [r for r in one["rows"] if r["time_to_target_s"] is not None]
         unmeasured = [r for r in one["rows"] if r["time_to_target_s"] is None]
@@ -85,7 +90,8 @@ def _print(plan: dict) -> None:
                  "steps": r["steps"],
                  "steps_from": "measured" if r.get("steps_source") == "measured" else "between",
                  "to_target_s": r["time_to_target_s"],
-                 "vs_best": r["vs_best"], "inter_MB/step": r["inter_node_mb_per_step"]}
+                 "vs_best": r["vs_best"], "inter_MB/step": r["inter_node_mb_per_step"],
+                 "set_by": "cpu" if r.get("cpu_floor_s") else ""}
                 for i, r in enumerate(ranked)]
         if rows:
             print(format_table(rows, rows[0].keys()))
