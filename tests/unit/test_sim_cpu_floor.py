@@ -119,6 +119,11 @@ def test_the_cpu_time_is_read_and_its_repetitions_taken_by_the_median(tmp_path):
     (merged,) = median_of_repeats(repeats)
     assert merged.cpu_s == pytest.approx(1.1)  # the median of those that measured it
     assert merged.cores == 2
+    # repetitions on hosts of different sizes: the median of the share of the cores a step used
+    # (shares 0.45, 0.25, 0.4: the median CPU over the median cores would say 0.25)
+    sizes = [dataclasses.replace(run, cpu_s=c, cores=n) for c, n in ((0.9, 2), (1.0, 4), (3.2, 8))]
+    (merged,) = median_of_repeats(sizes)
+    assert merged.cores == 4 and merged.cpu_s / merged.cores == pytest.approx(0.4)
 
 
 def test_a_cost_paid_in_series_with_the_wire_is_not_taken_by_the_floor(tmp_path):

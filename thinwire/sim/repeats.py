@@ -47,11 +47,20 @@ def median_of_repeats(runs: list[Run]) -> list[Run]:
         group[0], source=f"median of {len(group)}: " + ", ".join(r.source for r in group),
         iteration_s=median(r.iteration_s for r in group),
         compute_s=median(r.compute_s for r in group), hook_s=median(r.hook_s for r in group),
-        cpu_s=median(r.cpu_s for r in group),
-        # the cores of the repetitions that measured their CPU (older runs did not record it)
-        cores=next((r.cores for r in group if r.cpu_s is not None and r.cores), None),
-        extra=_merged_extra(group))
+        **_median_cpu(group), extra=_merged_extra(group))
         for group in groups.values()]
+
+
+def _median_cpu(group: list[Run]) -> dict:
+    """``cpu_s`` and ``cores`` of the repetitions that measured their CPU (older runs did not
+    record it): the median share of the cores a step used, at the median cores, so that
+    repetitions on hosts of different sizes are compared by what bounds a step (CPU / cores)."""
+    measured = [r for r in group if r.cpu_s is not None and r.cores]
+    if not measured:
+        return {"cpu_s": None, "cores": None}
+    cores = statistics.median(r.cores for r in measured)
+    return {"cpu_s": cores * statistics.median(r.cpu_s / r.cores for r in measured),
+            "cores": cores}
 
 
 def _merged_extra(group: list[Run]) -> dict:
