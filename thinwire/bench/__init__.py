@@ -38,6 +38,7 @@ BENCH_MODULES = [
     "thinwire.bench.pace_trigger",
     "thinwire.bench.ddp_auto_replan",
     "thinwire.bench.cpu_floor",
+    "thinwire.bench.phase_forms",
 ]
 
 
