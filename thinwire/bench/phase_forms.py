@@ -45,7 +45,8 @@ def form_rows(paths, rates: list[float], forms: list[str], repeats: str) -> list
             rows.append({"form": form, "calibrate_at_mbit": bps / 1e6,
                          "algorithms_within": len(by_algorithm) - len(misses),
                          "algorithms": len(by_algorithm),
-                         "pairs_within": sum(1 for e in errors if e <= WITHIN), "pairs": len(errors),
+                         "pairs_within": sum(1 for e in errors if e <= WITHIN),
+                         "pairs": len(errors),
                          "median_error": statistics.median(errors),
                          "mean_error": statistics.fmean(errors), "misses": misses,
                          "missed": ", ".join(f"{n} {e:.0%}" for n, e in misses.items()) or "-"})
