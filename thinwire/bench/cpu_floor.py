@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from thinwire.bench.report import format_table, save_if_asked
+from thinwire.bench.report import add_sweep_inputs, format_table, save_if_asked
 
 WITHIN = 0.20  # the issue's bound on a held-out step's error
 
@@ -95,14 +95,8 @@ def run(args) -> int:
 
 
 def register(bench_subparsers) -> None:
-    from thinwire.sim.repeats import add_repeats_option
-
     parser = bench_subparsers.add_parser(
         "cpu-floor", help="the ranks' CPU a step by rate, and the held-out step times with the "
                           "cost model's CPU floor and without it (issue 31)")
-    parser.add_argument("--results", nargs="+", required=True,
-                        help="thinwire compare results.json files of one sweep (several: its "
-                             "repetitions)")
-    add_repeats_option(parser)
-    parser.add_argument("--json", default=None, help="write the tables here")
+    add_sweep_inputs(parser, "the tables")
     parser.set_defaults(func=run)

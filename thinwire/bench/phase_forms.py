@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 
-from thinwire.bench.report import format_table, save_if_asked
+from thinwire.bench.report import add_sweep_inputs, format_table, save_if_asked
 
 WITHIN = 0.20  # the issue's bound on a held-out step's error
 COLUMNS = ("form", "calibrate_at_mbit", "algorithms_within", "algorithms", "pairs_within",
@@ -92,16 +92,10 @@ def run(args) -> int:
 
 
 def register(bench_subparsers) -> None:
-    from thinwire.sim.repeats import add_repeats_option
-
     parser = bench_subparsers.add_parser(
         "phase-forms", help="the cost model held out by rate under each phase form (a phase's "
                             "fixed cost and wire time summed, or the larger of the two) (issue 31)")
-    parser.add_argument("--results", nargs="+", required=True,
-                        help="thinwire compare results.json files of one sweep (several: its "
-                             "repetitions)")
+    add_sweep_inputs(parser, "the table")
     parser.add_argument("--forms", default="sum,max",
                         help="the forms to compare, comma-separated (default sum,max)")
-    add_repeats_option(parser)
-    parser.add_argument("--json", default=None, help="write the table here")
     parser.set_defaults(func=run)

@@ -45,6 +45,18 @@ def save_if_asked(path: str | os.PathLike | None, payload: Any) -> None:
 COLLECTIVE_TIMEOUT_S = 300.0  # a benchmark's collective waits this long for a peer
 
 
+def add_sweep_inputs(parser, what: str) -> None:
+    """--results (recorded sweeps and their repetitions), --repeats and --json: the inputs of
+    the benchmarks that read `thinwire compare` sweeps instead of racing (``what``: the JSON)."""
+    from thinwire.sim.repeats import add_repeats_option
+
+    parser.add_argument("--results", nargs="+", required=True,
+                        help="thinwire compare results.json files of one sweep (several: its "
+                             "repetitions)")
+    add_repeats_option(parser)
+    parser.add_argument("--json", default=None, help=f"write {what} here")
+
+
 def add_collective_timeout(parser) -> None:
     """``--collective-timeout`` of a benchmark whose ranks run collectives (and of its
     worker): a lost peer ends every rank within it, in one line."""
