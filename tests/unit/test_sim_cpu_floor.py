@@ -237,3 +237,16 @@ def test_the_plan_names_the_floors_and_the_candidates_they_hold(tmp_path, capsys
     table = [line.split() for line in out.splitlines() if line.strip()[:2].strip().isdigit()]
     marked = {row[1]: row[-1] == "cpu" for row in table}
     assert marked["allreduce"] and not marked["hitopk"]
+
+
+def test_the_floors_line_tells_one_algorithms_settings_apart():
+    from thinwire.sim.calibrate import floors_line
+
+    row = {"algorithm": "hitopk", "density": 0.05, "wire": None, "sparse_wire": "fp16",
+           "powersgd_rank": 4, "nodes": 2, "ranks_per_node": 2, "model": "widecnn"}
+    line = floors_line({"cpu_floor": [dict(row, floor_x_compute=1.5),
+                                      dict(row, density=0.01, floor_x_compute=1.25),
+                                      dict(row, algorithm="ddp", floor_x_compute=2.0)]})
+    assert "'hitopk density=0.05': 1.5" in line and "'hitopk density=0.01': 1.25" in line
+    assert "'ddp': 2.0" in line
+    assert floors_line({"cpu_floor": []}) is None

@@ -753,9 +753,18 @@ def _residuals_of(runs: list[Run], params: dict, overlap) -> np.ndarray:
 def floors_line(fitted: dict) -> str | None:
     """The fitted CPU floors (``fitted["cpu_floor"]``, :func:`scales_json` rows) as the line
     `thinwire simulate` prints; None where there are none."""
-    floors = {r["algorithm"]: round(r["floor_x_compute"], 2) for r in fitted.get("cpu_floor", [])}
-    if not floors:
+    rows = fitted.get("cpu_floor", [])
+    if not rows:
         return None
+    # an algorithm measured at several settings (densities, ranks, clusters) shows each, by
+    # the settings that tell its rows apart
+    floors = {}
+    for row in rows:
+        mine = [r for r in rows if r["algorithm"] == row["algorithm"]]
+        apart = [k for k in ("density", "wire", "sparse_wire", "powersgd_rank", "nodes",
+                             "ranks_per_node", "model") if len({str(r[k]) for r in mine}) > 1]
+        label = " ".join([row["algorithm"]] + [f"{k}={row[k]}" for k in apart])
+        floors[label] = round(row["floor_x_compute"], 2)
     return f"CPU floor a step (x the step's compute; the ranks' CPU time over the cores they " \
            f"share): {floors}"
 
