@@ -417,6 +417,11 @@ def wire_s(run: Run, row: dict, params: dict) -> float:
         * _wire_s_per_byte(params, run.inter_bps, paced(run))
 
 
+# the parts of a setting's key (bytes_key's tuple, in order), named as scales_json writes them
+SETTING_NAMES = ("algorithm", "density", "wire", "sparse_wire", "powersgd_rank", "nodes",
+                 "ranks_per_node", "model")
+
+
 def bytes_key(run: Run) -> tuple:
     """What fixes a run's bytes per step (not its link rate): runs sharing it share a scale."""
     return (run.algorithm, run.density, run.wire, run.sparse_wire, run.powersgd_rank,
@@ -761,8 +766,7 @@ def floors_line(fitted: dict) -> str | None:
     floors = {}
     for row in rows:
         mine = [r for r in rows if r["algorithm"] == row["algorithm"]]
-        apart = [k for k in ("density", "wire", "sparse_wire", "powersgd_rank", "nodes",
-                             "ranks_per_node", "model") if len({str(r[k]) for r in mine}) > 1]
+        apart = [k for k in SETTING_NAMES[1:] if len({str(r[k]) for r in mine}) > 1]
         label = " ".join([row["algorithm"]] + [f"{k}={row[k]}" for k in apart])
         floors[label] = round(row["floor_x_compute"], 2)
     return f"CPU floor a step (x the step's compute; the ranks' CPU time over the cores they " \
@@ -772,9 +776,7 @@ def floors_line(fitted: dict) -> str | None:
 def scales_json(scales: dict, value: str = "scale") -> list[dict]:
     """A term keyed per setting (:func:`bytes_key`: the bytes scales, the CPU floors) as JSON
     rows, the term's value under ``value`` (the keys are tuples)."""
-    names = ("algorithm", "density", "wire", "sparse_wire", "powersgd_rank", "nodes",
-             "ranks_per_node", "model")
-    return [{**dict(zip(names, key)), value: float(number)} for key, number in sorted(
+    return [{**dict(zip(SETTING_NAMES, key)), value: float(number)} for key, number in sorted(
         scales.items(), key=lambda item: tuple(map(str, item[0])))]
 
 
