@@ -52,7 +52,7 @@ def cpu_rows(runs) -> list[dict]:
 def holdout_rows(paths, runs, repeats: str) -> list[dict]:
     """Per calibration rate (each shaped rate of ``runs``, the runs ``paths`` hold), with and
     without the floor: algorithms within 20% and misses."""
-    from thinwire.sim.holdout import holdout
+    from thinwire.sim.holdout import holdout, misses
 
     rates = sorted({r.inter_bps for r in runs if r.inter_bps is not None})
     rows = []
@@ -60,14 +60,10 @@ def holdout_rows(paths, runs, repeats: str) -> list[dict]:
         at = f"{int(bps)}bit"
         for floor in (True, False):
             result = holdout(paths, at, repeats=repeats, form="max", cpu_floor=floor)
-            errors = {name: errs["calibrated"]
-                      for name, errs in result["max_abs_error_by_algorithm"].items()
-                      if errs.get("calibrated") is not None}
-            misses = {name: round(e, 3) for name, e in sorted(errors.items()) if e > WITHIN}
+            errors, missed, text = misses(result, WITHIN)
             rows.append({"calibrate_at_mbit": bps / 1e6, "cpu_floor": floor,
-                         "within_20pct": len(errors) - len(misses), "algorithms": len(errors),
-                         "misses": misses, "missed": ", ".join(
-                             f"{name} {error:.0%}" for name, error in misses.items()) or "-",
+                         "within_20pct": len(errors) - len(missed), "algorithms": len(errors),
+                         "misses": missed, "missed": text,
                          "wire_bound": result["wire_bound"],
                          "max_abs_error": {n: round(e, 4) for n, e in sorted(errors.items())}})
     return rows

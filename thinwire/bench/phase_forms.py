@@ -27,29 +27,25 @@ COLUMNS = ("form", "calibrate_at_mbit", "algorithms_within", "algorithms", "pair
 
 def form_rows(paths, rates: list[float], forms: list[str], repeats: str) -> list[dict]:
     """One row per (form, calibration rate), then one total row per form (rate None)."""
-    from thinwire.sim.holdout import holdout
+    from thinwire.sim.holdout import holdout, misses
 
     rows = []
     for form in forms:
         errors_of_form = []
         for bps in rates:
             result = holdout(paths, f"{int(bps)}bit", repeats=repeats, form=form)
-            by_algorithm = {name: float(errs["calibrated"])
-                            for name, errs in result["max_abs_error_by_algorithm"].items()
-                            if errs.get("calibrated") is not None}
+            by_algorithm, missed, text = misses(result, WITHIN)
             errors = [float(abs(row["error_calibrated"])) for row in result["held_out"]
                       if row.get("error_calibrated") is not None]
             errors_of_form += errors
-            misses = {name: round(e, 3) for name, e in sorted(by_algorithm.items())
-                      if e > WITHIN}
             rows.append({"form": form, "calibrate_at_mbit": bps / 1e6,
-                         "algorithms_within": len(by_algorithm) - len(misses),
+                         "algorithms_within": len(by_algorithm) - len(missed),
                          "algorithms": len(by_algorithm),
                          "pairs_within": sum(1 for e in errors if e <= WITHIN),
                          "pairs": len(errors),
                          "median_error": statistics.median(errors),
-                         "mean_error": statistics.fmean(errors), "misses": misses,
-                         "missed": ", ".join(f"{n} {e:.0%}" for n, e in misses.items()) or "-"})
+                         "mean_error": statistics.fmean(errors), "misses": missed,
+                         "missed": text})
         mine = [r for r in rows if r["form"] == form]
         rows.append({"form": form, "calibrate_at_mbit": None,
                      "algorithms_within": sum(r["algorithms_within"] for r in mine),

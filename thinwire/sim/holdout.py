@@ -129,6 +129,17 @@ def holdout(paths, calibrate_at: str, overlap: str = "hooks", repeats: str = "ea
             "diloco_extra": diloco["extra"], "diloco_in_sample_max_abs_error": diloco["in_sample"]}
 
 
+def misses(result: dict, within: float) -> tuple[dict, dict, str]:
+    """A :func:`holdout` result judged against a bound on the error: (each algorithm's largest
+    held-out error, calibrated compute; the algorithms past ``within``, rounded; those as a
+    line, "-" where none)."""
+    worst = {name: float(errs["calibrated"])
+             for name, errs in result["max_abs_error_by_algorithm"].items()
+             if errs.get("calibrated") is not None}
+    missed = {name: round(e, 3) for name, e in sorted(worst.items()) if e > within}
+    return worst, missed, ", ".join(f"{name} {e:.0%}" for name, e in missed.items()) or "-"
+
+
 def _diloco_rows(paths, rate, params: dict, train: list[Run], fitted_compute: dict,
                  skipped: list) -> dict:
     """DiLoCo runs held out as the others are: DiLoCo's own cost fitted on its runs at the
