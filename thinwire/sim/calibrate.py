@@ -455,15 +455,19 @@ def cpu_floors(runs: list[Run], compute_s: list[float]) -> dict:
     gloo's copies and reductions), so a run calibrated there carries it to the faster links.
     In units of compute, as the selection and the fixed costs per step scale: a plan for a
     faster device scales it down with the compute (it is the host work of the emulator's ranks,
-    not of a GPU cluster's). Runs without the measurement (``cpu_ms_per_iter``) give none, and
-    so does an algorithm that paces its own datagrams (:func:`paced`): its CPU a step grows
-    as the link slows (DLCP on the fourth MNIST 2 x 2 sweep: 985 ms of CPU a step at 50 and at
-    200 Mbit/s, 755 at 1 Gbit/s), so its CPU at a slow rate overstates its work at a fast one.
+    not of a GPU cluster's). Runs without the measurement (``cpu_ms_per_iter``) give none.
     DiLoCo's step gets none (its inner steps' CPU is not measured apart from its outer
-    exchanges): a plan ranks it without a floor beside floored per-step candidates."""
+    exchanges): a plan ranks it without a floor beside floored per-step candidates.
+
+    An algorithm that paces its own datagrams (:func:`paced`: DLCP) takes its floor too,
+    though its CPU a step grows as the link slows (1.2-1.4x at 50 Mbit/s what it is at
+    1 Gbit/s on the four recorded setups): taken at a slow rate the floor overstates its host
+    work at a fast one, and the holdout over-predicts its 1 Gbit/s step by 19-26%. Without
+    the floor the same steps were predicted 37-58% short (the host work hides behind the wire
+    at 50 Mbit/s), so the floor is the smaller error (`thinwire bench phase-forms`)."""
     floors = defaultdict(list)
     for run in runs:
-        if run.cpu_s is not None and run.cores and not paced(run):
+        if run.cpu_s is not None and run.cores:
             floors[bytes_key(run)].append(run.cpu_s / run.cores / compute_s[run.setting_index])
     return {key: float(statistics.median(values)) for key, values in floors.items()}
 
