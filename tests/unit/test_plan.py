@@ -160,6 +160,21 @@ def test_a_missing_input_file_is_named(tmp_path, capsys):
     assert "nope.json" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--calibrate", "--steps-from"])
+def test_a_file_that_is_not_json_is_named_by_the_option_that_gave_it(tmp_path, capsys, flag):
+    """--steps-from defaults to --calibrate's files; read as the steps table first, a bad
+    --calibrate file was named as a steps table, which the user never gave."""
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not json")
+    good = str(_results(tmp_path))
+    args = ["plan", "--inter-node-bandwidth", "50mbit", "--calibrate",
+            str(bad) if flag == "--calibrate" else good]
+    if flag == "--steps-from":
+        args += ["--steps-from", str(bad)]
+    assert thinwire_main(args) != 0
+    assert f"{flag} file {bad}: not valid JSON" in capsys.readouterr().err
+
+
 def test_the_check_against_measured_races_finds_the_choice_and_the_crossover(tmp_path, capsys):
     """The synthetic runs' measured times are the truth's (steps x generated step): the plan's
     choice is the measured fastest at both rates and the crossover lies between them."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from thinwire.cliargs import integer, number
 from thinwire.collectives import costs
-from thinwire.output import check_output_path, format_table, write_json_atomic
+from thinwire.output import check_output_path, format_table, read_json, write_json_atomic
 from thinwire.sim.calibrate import floors_line
 from thinwire.sim.network import PHASE_FORMS
 from thinwire.sim.repeats import add_repeats_option
@@ -156,11 +156,14 @@ def add_plan_inputs(p: argparse.ArgumentParser) -> None:
 
 
 def check_plan_inputs(args) -> None:
-    """Every input file exists and the cluster has an inter-node link (make_plan checks the
-    workload before its fit)."""
-    for path in args.calibrate + (args.steps_from or []):
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"plan input not found: {path}")
+    """Every input file exists and is JSON, named by the option that gave it (the steps table
+    reads --calibrate's files where --steps-from is left out, and would name itself), and the
+    cluster has an inter-node link (make_plan checks the workload before its fit)."""
+    for flag, paths in (("--calibrate", args.calibrate), ("--steps-from", args.steps_from or [])):
+        for path in paths:
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"plan input not found: {path}")
+            read_json(path, f"{flag} file")
     if args.nodes == 1:
         raise ValueError("--nodes 1: one node has no inter-node link to plan for; the plan "
                          "needs --nodes 2 or more")
