@@ -462,7 +462,7 @@ def cpu_floors(runs: list[Run], compute_s: list[float]) -> dict:
     An algorithm that paces its own datagrams (:func:`paced`: DLCP) takes its floor too,
     though its CPU a step grows as the link slows (1.2-1.4x at 50 Mbit/s what it is at
     1 Gbit/s on the four recorded setups): taken at a slow rate the floor overstates its host
-    work at a fast one, and the holdout over-predicts its 1 Gbit/s step by 19-26%. Without
+    work at a fast one, and the holdout over-predicts its 1 Gbit/s step by 18-26%. Without
     the floor the same steps were predicted 37-58% short (the host work hides behind the wire
     at 50 Mbit/s), so the floor is the smaller error (`thinwire bench phase-forms`)."""
     floors = defaultdict(list)
