@@ -132,6 +132,11 @@ PRIOR_EFFICIENCY, PRIOR_WEIGHT = 0.9, 0.005
 # (PowerSGD's many small all-reduces predicted 2.7x too slow on the LM).
 PRIOR_INTRA_ALPHA_S, PRIOR_INTRA_WEIGHT = 5e-5, 0.0005
 PRIORS = 2  # residuals the priors append after the runs' own
+# The node-local link where no calibration run uses it (:func:`intra_node_seen`): the
+# latency's prior, and the rate the 2 x 2 sweeps fit where their intra-node phases show
+# (1.9-2.7e8 B/s: a rank-to-rank TCP message through the emulator's host). A plan for real
+# nodes takes that link from its probe instead (refit_step_extras).
+UNSEEN_INTRA = {"intra_alpha_s": PRIOR_INTRA_ALPHA_S, "intra_bandwidth_Bps": 2e8}
 # Overlap of communication with the backward pass. "hooks" (the default) follows how each run's
 # hook runs instead of fitting it: DDP's own all-reduce and the fp16 hook return a future at
 # once, so their buckets run behind the rest of the backward pass on DDP's bucket schedule;
@@ -661,7 +666,21 @@ def fit(runs: list[Run], overlap: bool = True, form: str = "sum",
     # where the wire adds to that work instead of hiding it, came out up to 33% short.
     measured = dict(measured, cpu_floor=cpu_floors(runs, _unpack(x, form)["compute_s"])
                     if cpu_floor else {})
-    return _unpack(x, form, measured, extras), sse
+    params = _unpack(x, form, measured, extras)
+    if not intra_node_seen(runs):  # no run depended on the node-local link: set it, not fitted
+        params.update(UNSEEN_INTRA)
+    return params, sse
+
+
+def intra_node_seen(runs: list[Run]) -> bool:
+    """Whether any of ``runs`` sends over the node-local link: several ranks on a node, or an
+    unshaped run (whose nodes the model joins with that link too). Where none does (every
+    run 4 x 1 and shaped), nothing in the runs depends on that link's latency and rate, and
+    the fit left them wherever it stopped: the MNIST 4 x 1 sweeps fitted the rate at 4 MB/s
+    from 200 Mbit/s and 3e11 B/s from 50 Mbit/s, and the unshaped step then came out 37x too
+    long (ddp) from one, 2x too short from the other. Set to UNSEEN_INTRA after the fit
+    instead (held inside it by bounds, the optimiser took minutes over the empty direction)."""
+    return any(r.ranks_per_node > 1 or r.inter_bps is None for r in runs)
 
 
 def host_may_pace(runs: list[Run]) -> bool:
