@@ -1,8 +1,8 @@
 """The node-local link where no calibration run uses it: on 4 nodes x 1 rank at shaped rates
-nothing depends on its latency and rate, so the fit holds them at ``UNSEEN_INTRA`` instead of
+nothing depends on its latency and rate, so the fit sets them to ``UNSEEN_INTRA`` instead of
 leaving them wherever the optimiser stopped (the MNIST 4 x 1 sweeps fitted 4 MB/s from one rate
-and 3e11 B/s from another, and an unshaped plan, whose nodes the model joins with that link,
-came out 37x too long from the first)."""
+and 1e12 B/s, the bound, from the others, and an unshaped plan, whose nodes the model joins
+with that link, came out 37x too long from the first)."""
 
 import json
 

@@ -676,9 +676,9 @@ def intra_node_seen(runs: list[Run]) -> bool:
     """Whether any of ``runs`` sends over the node-local link: several ranks on a node, or an
     unshaped run (whose nodes the model joins with that link too). Where none does (every
     run 4 x 1 and shaped), nothing in the runs depends on that link's latency and rate, and
-    the fit left them wherever it stopped: the MNIST 4 x 1 sweeps fitted the rate at 4 MB/s
-    from 200 Mbit/s and 3e11 B/s from 50 Mbit/s, and the unshaped step then came out 37x too
-    long (ddp) from one, 2x too short from the other. Set to UNSEEN_INTRA after the fit
+    the fit left them wherever it stopped: on the MNIST 4 x 1 sweeps the rate came out at
+    4 MB/s from 200 Mbit/s, and the unshaped ddp step 37x too long, and at its bound (1e12 B/s,
+    a link that costs nothing) from 50 Mbit/s and 1 Gbit/s. Set to UNSEEN_INTRA after the fit
     instead (held inside it by bounds, the optimiser took minutes over the empty direction)."""
     return any(r.ranks_per_node > 1 or r.inter_bps is None for r in runs)
 
