@@ -36,12 +36,10 @@ has no candidate at the new rate: training never stops for a re-check.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import statistics
 import time
-import zlib
 
 import torch
 import torch.distributed as dist
@@ -84,9 +82,9 @@ class AutoContext:
         self.pace: float | None = None  # the median of PACE_CALLS calls after the last check
         self.due_why: str | None = None  # rank 0's DUE_WHY, at the last due_at
         self.flag_group = None  # a gloo group for the due flag (no device sync a step)
-        # off after a jump that was not the link (its check kept the choice: a script's
-        # evaluation every few steps would otherwise probe at each); on again after a clock
-        # check or a switch
+        # off after a jump that was not the link (its check kept the choice and found the
+        # link where it was, or could not tell: a script's evaluation every few steps would
+        # otherwise probe at each); on again after a clock check or a switch
         self.jump_armed = True
         self.clock_backoff = 1  # the clock waits every_s times this (CLOCK_BACKOFF_MAX)
         # the pilot (replan(every_s=..., pilot=N)): the candidates still to measure after the
@@ -140,7 +138,9 @@ class AutoContext:
                 steady: bool | None = None) -> None:
         """A check (due for ``why``) ended at ``now``: the clock and the pace start again (the
         interval that holds the check is not a step's pace); a jump whose check kept the
-        choice disarms the jump trigger until a clock check or a switch. ``steady``: the
+        choice, unless its probe found the link moved (``steady`` False: the jump was the
+        link, re-planned to the same choice), disarms the jump trigger until a clock check or
+        a switch. ``steady``: the
         check's probe found the link within ``share`` of the plan's rate (the clock's interval
         doubles, up to ``CLOCK_BACKOFF_MAX``), or moved (back to ``every_s``); None: no
         evidence either way (a probe the host bound, a pilot's check). Any switch, a pilot's
@@ -150,7 +150,7 @@ class AutoContext:
             self.clock_backoff = 1
         elif steady:
             self.clock_backoff = min(2 * self.clock_backoff, CLOCK_BACKOFF_MAX)
-        if why == "jump" and not switched:
+        if why == "jump" and not switched and steady is not False:
             self.jump_armed = False
         elif why == "clock" or switched:
             self.jump_armed = True
@@ -190,10 +190,17 @@ def auto_state(ddp_model, plan, topology, ranks_per_node, timeout, settings):
         plan_choice.check(checked, *shape, settings)
     except ValueError as exc:
         error = exc
-    plan_choice.agree(error, device, "checking its plan and settings")
+    # the plans themselves must agree, not only the choice at the probed rate: plans that
+    # differ at another rate would part the ranks' decisions at a later re-check, and their
+    # collectives with them (a hang, not an error). On the default group: the topology's
+    # groups are made after (making them waits for every rank, one that failed here too).
+    plan_choice.agree(error, device, "checking its plan and settings",
+                      plan_choice.digest_of(checked) if error is None else 0,
+                      differ="the ranks' plans differ")
     topology = topology or Topology.shared(ranks_per_node, timeout)
     algorithm, chosen, record = plan_choice.resolve(checked, topology.ranks_per_node,
-                                                    _timeout_s(topology), auto.fits, device)
+                                                    _timeout_s(topology), auto.fits, device,
+                                                    topology.world)
     auto.basis_Bps = record["probe"]["goodput_Bps"]
     auto.checked(time.perf_counter())  # replan's clock counts from here, not the checks
     state = SyncState(None, algorithm, **chosen, **settings)
@@ -254,7 +261,7 @@ def replan(ddp_model, context, share: float = 0.3,
             auto.settings.get("density_warmup_steps", 0)
         if auto.pilot_queue is None and context.state.steps >= warm_up:
             _list_pilot(context, auto, pilot)
-        why, pace = _due(auto, every_s, share)
+        why, pace = _due(auto, every_s, share, context.state.topology)
         if why is None:
             return None
         if why == "pilot":
@@ -289,7 +296,7 @@ def _list_pilot(context, auto: AutoContext, pilot: int) -> None:
     except (ValueError, KeyError, TypeError) as exc:
         error = exc
     plan_choice.agree(error, auto.device, "listing the pilot",
-                      zlib.crc32(json.dumps([queue, piloting]).encode()))
+                      plan_choice.digest_of([queue, piloting]), context.state.topology.world)
     auto.pilot_queue, auto.piloting = queue, piloting
     if piloting:
         auto.start_pilot()
@@ -298,12 +305,13 @@ def _list_pilot(context, auto: AutoContext, pilot: int) -> None:
 DUE_WHY = (None, "clock", "pace", "jump", "pilot")
 
 
-def _due(auto: AutoContext, every_s: float, share: float) -> tuple[str | None, float]:
+def _due(auto: AutoContext, every_s: float, share: float,
+         topology: Topology) -> tuple[str | None, float]:
     """Rank 0's decision, every rank's (collective): why a check is due, or None, and rank 0's
     pace (a pilot's measure). The flag travels by a gloo group of its own: on the CPU, so
     reading it never waits for the GPU."""
-    if auto.flag_group is None:
-        auto.flag_group = dist.new_group(backend="gloo")
+    if auto.flag_group is None:  # waits as long as the hook's collectives (register's timeout)
+        auto.flag_group = dist.new_group(backend="gloo", timeout=topology.timeout)
     flag = torch.zeros(2, dtype=torch.float64)
     if dist.get_rank() == 0:
         auto.due_at(time.perf_counter(), every_s, share)
@@ -338,7 +346,9 @@ def _pilot(context, auto: AutoContext, pace: float) -> dict:
             best = min(scores, key=scores.get) if scores else current
             event.update(paces=plan_choice.measured_near(auto.measured, bps),
                          predicted_at_pace_s=scores, best=best)
-            if best != current and scores.get(current, math.inf) > \
+            # a current choice without a score (its plan row has no step time to scale by
+            # its pace) cannot be compared: it is kept, not left for any measured one
+            if best != current and current in scores and scores[current] > \
                     scores[best] * (1 + plan_choice.PILOT_MARGIN):
                 target = best
             event["chosen"] = target or current
@@ -346,8 +356,8 @@ def _pilot(context, auto: AutoContext, pace: float) -> dict:
                                     measured=auto.measured) if target else None
     except (ValueError, KeyError, TypeError) as exc:
         error = exc
-    plan_choice.agree(error, auto.device, "the pilot",
-                      zlib.crc32(json.dumps([target, current]).encode()))
+    plan_choice.agree(error, auto.device, "the pilot", plan_choice.digest_of([target, current]),
+                      context.state.topology.world)
     began = time.perf_counter()
     if switch is None:
         event["kept"] = current
@@ -381,7 +391,7 @@ def _check(context, auto: AutoContext, share: float, min_gain: float) -> dict:
     try:
         probe = link_probe.probe_inter_node(topology.ranks_per_node, _timeout_s(topology),
                                             plan_choice.RECHECK_BYTES, 1, auto.leaders,
-                                            auto.device)
+                                            auto.device, topology.world)
     except ValueError as exc:  # a probe swamped by noise (alike on every rank): no evidence
         event = {"kept": current, "reason": str(exc)}
     else:
@@ -394,8 +404,11 @@ def _check(context, auto: AutoContext, share: float, min_gain: float) -> dict:
                      "change": probe["goodput_Bps"] / auto.basis_Bps - 1}
         if "planned_at_bps" in event:  # planned again at a new rate: a choice to pilot
             auto.basis_Bps, auto.pilot_queue = probe["goodput_Bps"], None
-    decided = json.dumps(switch[:2] if switch else event.get("kept"), sort_keys=True)
-    plan_choice.agree(None, auto.device, "re-planning", zlib.crc32(decided.encode()))
+    # the choice and the rate it now stands planned at: ranks that kept the choice but differ
+    # on the rate would part at the next pilot's listing
+    decided = [switch[:2] if switch else event.get("kept"), auto.basis_Bps]
+    plan_choice.agree(None, auto.device, "re-planning", plan_choice.digest_of(decided),
+                      topology.world)
     event = dict(event, step=state.steps, probe_s=time.perf_counter() - began)
     if switch is not None:
         _switch(context, auto, probe, *switch)

@@ -197,15 +197,17 @@ def larger_probe_size(small: int, small_s: float, group, device) -> int:
 
 def probe_inter_node(ranks_per_node: int, timeout_s: float, sizes: tuple | None = None,
                      repeats: int = PROBE_REPEATS, leaders_group: tuple | None = None,
-                     device: torch.device | None = None) -> dict:
+                     device: torch.device | None = None, world_group=None) -> dict:
     """Goodput (bytes/s a node sends) and latency between nodes, measured by the first rank
     of each node, with the host watched meanwhile; every rank returns the same numbers
     (broadcast from rank 0). ``sizes``: the two all-reduce sizes (bytes), each timed
     ``repeats`` times; None: ``PROBE_SMALL_BYTES`` and a larger size fitted to the link
     (:func:`larger_probe_size`). ``leaders_group``: (leaders, group) of an earlier
     :func:`node_leaders_group`, whose connections are open: no first exchange, and the group
-    is kept. ``device``: where the buffers live (default :func:`probe_device`). Raises
-    ValueError where the larger size took no longer than the smaller."""
+    is kept. ``device``: where the buffers live (default :func:`probe_device`).
+    ``world_group``: a group of every rank for the result's broadcast (its timeout bounds the
+    wait; None: the default group). Raises ValueError, on every rank alike, where the larger
+    size took no longer than the smaller."""
     own = leaders_group is None
     leaders, group = node_leaders_group(ranks_per_node, timeout_s) if own else leaders_group
     nodes = len(leaders)
@@ -238,7 +240,7 @@ def probe_inter_node(ranks_per_node: int, timeout_s: float, sizes: tuple | None 
         worst = result[3:5].clone()
         dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
         result[3:5] = worst
-    dist.broadcast(result, src=0)
+    dist.broadcast(result, src=0, group=world_group)
     if own and dist.get_rank() in leaders:
         dist.destroy_process_group(group)
     goodput, small_s, large_s, busy, throttled, large, configured = result.tolist()
@@ -269,22 +271,37 @@ def probe_trusted(ranks_per_node: int, timeout_s: float, tries: int = PROBE_TRIE
     each back, so the link is at least that fast). A ``neither`` probe (a free host under the
     configured rate: latency, or a ring's steps waiting on each other) is not taken again: a
     second would read the same. Only a ``link`` probe is ``trusted``; every try's verdict goes
-    into ``tries``. Collective; every rank makes the same decisions (the verdict rests on rank
-    0's numbers). ``probe``: the probing function (``probe_inter_node``'s signature)."""
-    tried = []
+    into ``tries``. A probe whose larger size took no longer than its smaller (the jitter of a
+    fast link can invert two sizes that differ by a millisecond) is taken again the same way;
+    where every try was such, its ValueError is raised. Collective; every rank makes the same
+    decisions (the verdict rests on rank 0's numbers). ``probe``: the probing function
+    (``probe_inter_node``'s signature)."""
+    tried, summary, unusable = [], [], None
     for attempt in range(tries):
-        result = probe(ranks_per_node, timeout_s)
+        try:
+            result = probe(ranks_per_node, timeout_s)
+        except ValueError as exc:  # raised on every rank alike (rank 0's numbers)
+            unusable = exc
+            summary.append({"goodput_Bps": None, "bound_by": None, "why": str(exc)})
+            log.warning("link probe %d of %d not usable (%s)%s", attempt + 1, tries, exc,
+                        "; probing again" if attempt + 1 < tries else "")
+            if attempt + 1 < tries:
+                time.sleep(pause_s)
+            continue
         if result["goodput_Bps"] is None:  # one node: nothing to trust or not
             return result
         tried.append(result)
+        summary.append({k: result.get(k) for k in ("goodput_Bps", "bound_by", "why",
+                                                   "host_busy", "throttled_share")})
         if result.get("bound_by", "link") != "host":
             break
         log.warning("link probe %d of %d bound by the host (%s)%s", attempt + 1, tries,
                     result.get("why"), "; probing again" if attempt + 1 < tries else "")
         if attempt + 1 < tries:
             time.sleep(pause_s)
-    best = result if result.get("bound_by", "link") != "host" else max(
+    if not tried:
+        raise unusable
+    last = tried[-1]
+    best = last if last.get("bound_by", "link") != "host" else max(
         tried, key=lambda p: p["goodput_Bps"])
-    summary = [{k: p.get(k) for k in ("goodput_Bps", "bound_by", "why", "host_busy",
-                                      "throttled_share")} for p in tried]
     return dict(best, tries=summary)

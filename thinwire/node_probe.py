@@ -42,10 +42,11 @@ def node_groups(ranks_per_node: int, timeout_s: float):
 
 def probe_intra_node(ranks_per_node: int, timeout_s: float, sizes: tuple = (SMALL_BYTES,
                      LARGE_BYTES), repeats: int = PROBE_REPEATS,
-                     device: torch.device | None = None) -> dict:
+                     device: torch.device | None = None, world_group=None) -> dict:
     """The slowest node's intra-node all-reduce goodput (bytes/s a rank sends) and fixed cost
     (s), every rank the same numbers. Collective: every rank calls it. One rank a node: no
-    link inside a node to measure (``goodput_Bps`` None)."""
+    link inside a node to measure (``goodput_Bps`` None). ``world_group``: a group of every
+    rank for the nodes' worst (its timeout bounds the wait; None: the default group)."""
     if ranks_per_node < 2:
         return {"ranks_per_node": ranks_per_node, "goodput_Bps": None,
                 "why": "one rank a node: nothing inside a node to measure"}
@@ -72,7 +73,7 @@ def probe_intra_node(ranks_per_node: int, timeout_s: float, sizes: tuple = (SMAL
     worst = torch.tensor([-goodput, times[0], times[1], fixed_s,
                           -1.0 if watch.host_busy is None else watch.host_busy,
                           watch.throttled_share], dtype=torch.float64, device=device)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=world_group)
     goodput, small_s, large_s, fixed_s, busy, throttled = worst.tolist()
     goodput = -goodput
     host_busy = None if busy < 0 else busy

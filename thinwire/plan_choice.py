@@ -61,6 +61,7 @@ def load(plan) -> dict:
     plans = plan.get("plans")
     if not isinstance(plans, list) or not plans:
         raise ValueError("plan: 'plans' must be a non-empty list (one per link rate)")
+    meanings = {}  # candidate -> (algorithm, settings)
     for i, at in enumerate(plans):
         _finite(at.get("inter_node_bps") if isinstance(at, dict) else None,
                 f"plans[{i}].inter_node_bps")
@@ -77,6 +78,13 @@ def load(plan) -> dict:
             for field in ("time_to_target_s", "step_s"):
                 if row.get(field) is not None:
                     _finite(row[field], f"{where}.{field}")
+            # a candidate is one configuration at every rate: its times are interpolated
+            # across the rates, and the hook registered for it is one row's
+            meaning = (row["algorithm"], row["settings"])
+            if meanings.setdefault(row["candidate"], meaning) != meaning:
+                raise ValueError(f"plan: candidate {row['candidate']!r} is "
+                                 f"{meanings[row['candidate']]} at one rate and {meaning} at "
+                                 f"{where}; a candidate must name one algorithm and settings")
     if plan.get("inter_efficiency") is not None:
         _finite(plan["inter_efficiency"], "inter_efficiency")
     return plan
@@ -336,39 +344,52 @@ def decide_switch(plan: dict, current: str, basis_Bps: float, probe: dict, share
         (algorithm, settings, record)
 
 
-def agree(error: Exception | None, device, what: str, digest: int = 0) -> None:
-    """Every rank ends alike (collective on the default group): where any rank's ``error`` is
-    set, that rank raises it and every other rank a ValueError saying another rank failed at
-    ``what``; where the ranks' ``digest`` differ, every rank raises."""
+CHOSE_DIFFERENTLY = "the ranks chose differently from their plans"
+
+
+def agree(error: Exception | None, device, what: str, digest: int = 0, group=None,
+          differ: str = CHOSE_DIFFERENTLY) -> None:
+    """Every rank ends alike (collective on ``group``, None: the default group, whose
+    timeout bounds the wait): where any rank's ``error`` is set, that rank raises it and every
+    other rank a ValueError saying another rank failed at ``what``; where the ranks'
+    ``digest`` differ, every rank raises a ValueError saying ``differ``."""
     flags = torch.tensor([int(error is not None), digest, -digest], dtype=torch.int64,
                          device=device)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
     if error is not None:
         raise error
     if flags[0].item():
         raise ValueError(f"algorithm='auto': another rank failed at {what} (its own error "
                          "names why)")
     if flags[1].item() != -flags[2].item():
-        raise ValueError("algorithm='auto': the ranks chose differently from their plans (is "
-                         "plan= the same file on every rank?)")
+        raise ValueError(f"algorithm='auto': {differ} (is plan= the same file on every "
+                         "rank?)")
+
+
+def digest_of(value) -> int:
+    """A checksum of ``value``'s JSON (keys sorted): alike on ranks that hold equal values."""
+    return zlib.crc32(json.dumps(value, sort_keys=True, default=str).encode())
 
 
 def resolve(plan: dict, ranks_per_node: int, timeout_s: float, fits=None,
-            device=None) -> tuple[str, dict, dict]:
+            device=None, group=None) -> tuple[str, dict, dict]:
     """Probe (collective), choose, check every rank chose alike: (algorithm, settings,
-    record). ``plan``: :func:`load`'s, already :func:`check`-ed on every rank."""
+    record). ``plan``: :func:`load`'s, already :func:`check`-ed on every rank. ``group``: a
+    group of every rank whose timeout bounds the waits (None: the default group)."""
     device = device or link_probe.probe_device()
     probe = link_probe.probe_trusted(
         ranks_per_node, timeout_s,
-        probe=lambda *args: link_probe.probe_inter_node(*args, device=device))
+        probe=lambda *args: link_probe.probe_inter_node(*args, device=device,
+                                                        world_group=group))
     error, digest = None, 0
     try:
         algorithm, settings, record = choose(plan, probe["goodput_Bps"], fits)
-        digest = zlib.crc32(json.dumps([algorithm, settings], sort_keys=True).encode())
+        digest = digest_of([algorithm, settings])
     except ValueError as exc:
         error = exc
-    agree(error, device, "choosing from its plan", digest)
+    agree(error, device, "choosing from its plan", digest, group)
     # inside the nodes too (NVLink or PCIe on GPUs): recorded, not planned from
-    probe["intra_node"] = node_probe.probe_intra_node(ranks_per_node, timeout_s, device=device)
+    probe["intra_node"] = node_probe.probe_intra_node(ranks_per_node, timeout_s, device=device,
+                                                      world_group=group)
     record["probe"] = probe
     return algorithm, settings, record

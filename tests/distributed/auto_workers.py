@@ -193,3 +193,46 @@ def probe_intra(rank, world, ranks_per_node):
     from thinwire import node_probe
 
     return node_probe.probe_intra_node(ranks_per_node, timeout_s=60)
+
+
+def frozen_peer_in_replan(rank, world, store_dir, init_timeout_s, timeout_s, result_path,
+                          every_s):
+    """register(..., "auto", timeout=timeout_s) under a default group of ``init_timeout_s``;
+    after a step rank 1 stops itself (SIGSTOP) and rank 0 calls replan (``every_s``: timed,
+    or None: a check at once): rank 0 writes what ended it, and when."""
+    import datetime
+    import os
+    import signal
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import thinwire.ddp
+    from thinwire import link_probe
+    from test_plan_choice import plan_of
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    store = dist.FileStore(os.path.join(store_dir, "store"), world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=init_timeout_s))
+    link_probe.probe_inter_node = lambda *a, **k: {
+        "nodes": world, "goodput_Bps": 12.5e6 / 8, "trusted": True, "bound_by": "link",
+        "why": "scripted"}
+    model = DDP(torch.nn.Linear(8, 4))
+    thinwire.ddp.register(model, "auto", plan=plan_of(), ranks_per_node=1, timeout=timeout_s)
+    model(torch.randn(4, 8)).sum().backward()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    start = time.monotonic()
+    try:
+        thinwire.ddp.replan(model, every_s=every_s, pilot=0)
+    except Exception as exc:
+        with open(result_path + ".tmp", "w") as handle:
+            handle.write(f"{time.monotonic() - start}\n{type(exc).__name__}: {exc}")
+        os.replace(result_path + ".tmp", result_path)
+        return
+    with open(result_path, "w") as handle:
+        handle.write("no error\n")

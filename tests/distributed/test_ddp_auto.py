@@ -1,8 +1,12 @@
 """thinwire.ddp.register(ddp_model, "auto", plan=...) on 2 gloo ranks (2 nodes x 1, loopback):
 the leaders probe, every rank registers the plan's fastest hook at the probed rate, and the
-gradients are the ranks' average; ranks whose plans would choose differently all fail alike."""
+gradients are the ranks' average; ranks whose plans differ all fail alike."""
 
+import os
+import signal
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -10,7 +14,7 @@ import torch
 
 from thinwire.plan_choice import HANDOVER_STEPS
 
-from harness import run_ranks
+from harness import run_ranks, start_method
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_plan_choice import plan_of  # noqa: E402
@@ -35,14 +39,24 @@ def test_register_auto_trains_with_the_plans_choice_at_the_probed_rate():
         torch.testing.assert_close(r["grad"], expected, rtol=2e-3, atol=2e-3)
 
 
-def test_ranks_whose_plans_choose_differently_all_fail_alike():
-    other = plan_of()
-    for at in other["plans"]:  # hitopk fastest at every rate on rank 1
+def _fastest(algorithm, at_bps=None):
+    """plan_of() with ``algorithm`` the fastest at every rate (``at_bps``: at that rate only)."""
+    plan = plan_of()
+    for at in plan["plans"]:
         for row in at["rows"]:
-            if row["algorithm"] == "hitopk":
+            if row["algorithm"] == algorithm and at_bps in (None, at["inter_node_bps"]):
                 row["time_to_target_s"] = 1.0
+    return plan
+
+
+# loopback probes faster than the plans' top rate, 1 Gbit/s, where plan_of() has ddp-fp16
+@pytest.mark.parametrize("other", [
+    _fastest("hitopk"),          # the ranks would choose differently at the probed rate
+    _fastest("ddp-fp16", 25e6),  # alike there, apart at 25 Mbit/s: a later re-check would
+])                               # part their decisions and their collectives (a hang)
+def test_ranks_whose_plans_differ_all_fail_alike_at_registration(other):
     results = run_ranks(auto_workers.register_auto, 2, [plan_of(), other])
-    assert all("chose differently" in r.get("error", "") for r in results), results
+    assert all("the ranks' plans differ" in r.get("error", "") for r in results), results
 
 
 
@@ -176,3 +190,29 @@ def test_a_pilot_measures_the_runner_up_and_keeps_the_faster_on_this_script(step
     expected = (results[0]["own"].sum(0) + results[1]["own"].sum(0)) / 2
     torch.testing.assert_close(delivered, expected, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(results[0]["synced"], results[1]["synced"])
+
+
+def test_a_frozen_peer_ends_a_timed_replan_within_registers_timeout():
+    """The due flag's group, the ranks' agreement and the probe's broadcast wait as long as
+    register(timeout=) says, not as long as the default group's timeout (60 s here; PyTorch's
+    30 minutes where unset)."""
+    import torch.multiprocessing as mp
+
+    timeout_s, init_timeout_s = 3, 60
+    with tempfile.TemporaryDirectory(prefix="thinwire-frozen-") as tmp:
+        result_path = os.path.join(tmp, "rank0.txt")
+        context = mp.start_processes(auto_workers.frozen_peer_in_replan,
+                                     args=(2, tmp, init_timeout_s, timeout_s, result_path,
+                                           3600.0),
+                                     nprocs=2, join=False, start_method=start_method())
+        try:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(result_path) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert os.path.exists(result_path), "rank 0 never reported: replan hung"
+            elapsed, message = open(result_path).read().split("\n", 1)
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    os.kill(process.pid, signal.SIGKILL)
+    assert float(elapsed) <= timeout_s + 10 < init_timeout_s, (elapsed, message)

@@ -77,8 +77,41 @@ def _probe(goodput, trusted=True, nodes=2):
 
 
 def _scripted(monkeypatch, probes):
+    """The probes in turn; an exception among them is raised by its turn."""
     taken = iter(probes)
-    monkeypatch.setattr(auto, "probe_inter_node", lambda *a, **k: next(taken))
+
+    def probe(*args, **kwargs):
+        scripted = next(taken)
+        if isinstance(scripted, Exception):
+            raise scripted
+        return scripted
+    monkeypatch.setattr(auto, "probe_inter_node", probe)
+
+
+UNUSABLE = "the link probe is not usable: 2097152 bytes took 0.0010 s, no longer than"
+
+
+def test_a_probe_whose_sizes_came_out_inverted_is_taken_again(monkeypatch):
+    # on a fast link two sizes differ by a millisecond, which jitter can invert: registration
+    # must not fail on the first such probe
+    _scripted(monkeypatch, [ValueError(UNUSABLE), _probe(4e7)])
+    probe = auto.probe_trusted(2, tries=3, pause_s=0)
+    assert probe["goodput_Bps"] == 4e7 and probe["trusted"]
+    assert probe["tries"][0]["goodput_Bps"] is None and "not usable" in probe["tries"][0]["why"]
+    assert probe["tries"][1]["bound_by"] == "link"
+
+
+def test_where_every_probe_came_out_inverted_the_error_is_raised(monkeypatch):
+    _scripted(monkeypatch, [ValueError(UNUSABLE)] * 3)
+    with pytest.raises(ValueError, match="not usable"):
+        auto.probe_trusted(2, tries=3, pause_s=0)
+
+
+def test_a_host_bound_probe_beside_inverted_ones_is_the_answer(monkeypatch):
+    _scripted(monkeypatch, [_probe(2e7, trusted=False), ValueError(UNUSABLE),
+                            ValueError(UNUSABLE)])
+    probe = auto.probe_trusted(2, tries=3, pause_s=0)
+    assert probe["goodput_Bps"] == 2e7 and not probe["trusted"] and len(probe["tries"]) == 3
 
 
 def test_auto_probes_again_until_the_link_is_measured(monkeypatch):

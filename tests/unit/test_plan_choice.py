@@ -4,6 +4,7 @@ thinwire hook runs."""
 
 import copy
 import math
+import re
 
 import pytest
 
@@ -82,11 +83,16 @@ def test_a_candidate_measured_with_a_setting_the_hook_would_drop_is_passed_over(
     (lambda p: p["plans"][0]["rows"][2].pop("settings"), "plans[0].rows[2] needs"),
     (lambda p: p.update(nodes="2"), "nodes must be an integer"),
     (lambda p: p.update(inter_efficiency=0), "inter_efficiency must be a finite number"),
+    # one name, another configuration at another rate: its times would be interpolated
+    # across the two, and the hook registered would be one row's
+    (lambda p: p["plans"][2]["rows"][0].update(settings={"density": 0.1}),
+     "candidate 'hitopk d=0.05' is ('hitopk', {'density': 0.05, 'sparse_wire': 'fp16'}) at "
+     "one rate and ('hitopk', {'density': 0.1}) at plans[2].rows[0]"),
 ])
 def test_a_bad_plan_is_refused_naming_the_field(change, message):
     plan = copy.deepcopy(plan_of())
     change(plan)
-    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         plan_choice.load(plan)
 
 
@@ -269,6 +275,20 @@ def test_a_jump_whose_check_kept_the_choice_turns_jumps_off_until_a_clock_check(
     auto.checked(now + 1.0, next_why, switched)
     now = _settled(auto, now + 1.0)
     assert auto.due_at(now + 1.0, every_s=10.0, share=0.3) is armed
+
+
+def test_a_jump_whose_check_found_the_link_moved_keeps_jumps_on():
+    # the jump was the link: re-planned at the new rate to the same choice, but a pilot and
+    # the next change must still see jumps
+    from thinwire.ddp_auto import AutoContext
+
+    auto = AutoContext(plan_of(), {}, 1e6, None)
+    auto.checked(0.0)
+    now = _settled(auto, 0.0)
+    assert auto.due_at(now + 1.0, every_s=10.0, share=0.3) and auto.due_why == "jump"
+    auto.checked(now + 1.0, "jump", switched=False, steady=False)
+    now = _settled(auto, now + 1.0)
+    assert auto.due_at(now + 1.0, every_s=10.0, share=0.3) and auto.due_why == "jump"
 
 
 def test_steps_of_no_measurable_time_are_never_a_jump():

@@ -225,8 +225,9 @@ def _never_built(cfg, module, device_ids):
 
 
 def _no_hook_state(saved, algorithm: str, shapes: list) -> None:
-    raise ValueError("--algorithm auto does not resume (its runs checkpoint as the algorithm "
-                     "they chose)")
+    raise RuntimeError("--algorithm auto resumes as the algorithm its checkpoint was written "
+                       "under (thinwire.train.auto.resolve), whose hook state is checked: "
+                       "never as 'auto' itself")
 
 
 def _compute_band(cfg, nodes: int) -> tuple | None:
