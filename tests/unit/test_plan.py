@@ -98,6 +98,33 @@ def test_the_best_commands_run_the_best_candidate(plan):
     assert "--sparse-wire fp16" in best["train"] and "--model widecnn" in best["train"]
 
 
+@pytest.mark.parametrize("workload", ["mnist", "lm"])
+def test_every_candidates_compare_line_races_that_candidate(workload):
+    # compare's defaults are the workload's (density 0.05 on MNIST), not thinwire train's
+    # (0.01): a setting equal to train's default must still be written where compare's
+    # differs, or the line races another candidate than the one ranked
+    import shlex
+
+    from thinwire.cli import build_parser
+    from thinwire.sim import plan as plan_module
+    from thinwire.sim.steps import candidate_of
+    from thinwire.train import compare as compare_module
+
+    parser = build_parser()
+    setting = plan_module.Setting(workload, 2, 2, 50e6, 0.1)
+    candidates = plan_module.grid(workload, 2, 2)
+    assert any(c.settings.get("density") == 0.01 for c in candidates)  # raced wrong before
+    for candidate, cfg in candidates.items():
+        line = plan_module.command(cfg, setting)["compare"]
+        args = parser.parse_args(shlex.split(line)[1:])
+        # as `thinwire compare` builds its runs (thinwire.train.cli._cmd_compare)
+        train = {k: v for k, v in vars(args).items() if k in compare_module.TRAIN_FIELDS}
+        raced = compare_module.CompareSettings(
+            workload=args.workload, algorithms=[args.algorithms], nodes=args.nodes,
+            ranks_per_node=args.ranks_per_node, train=train).run_config(args.algorithms)
+        assert candidate_of(raced) == candidate, (line, candidate.label())
+
+
 def test_cli_prints_the_ranking_and_writes_json(tmp_path, capsys):
     path = _results(tmp_path)
     out = tmp_path / "plan.json"

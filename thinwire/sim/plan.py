@@ -200,7 +200,13 @@ def command(cfg, setting: Setting) -> dict:
     with the settings that differ from thinwire train's defaults)."""
     flags = _flags(cfg, COMMAND_CONCERNS, with_algorithm=True)
     rate = "none" if setting.inter_bps is None else rate_text(setting.inter_bps)
-    own = _flags(cfg, ("sync", "diloco"), with_algorithm=False)  # compare names it itself
+    # against compare's own defaults for the workload (its density is not train's): a value
+    # equal to train's default but not to the workload's must be given, or compare races
+    # another candidate than the one ranked
+    raced = race_config.run_config(setting.workload, cfg.algorithm, {},
+                                   ranks_per_node=setting.ranks_per_node)
+    own = _flags(cfg, ("sync", "diloco"), with_algorithm=False,  # compare names it itself
+                 defaults=raced)
     compare = (f"thinwire compare --workload {setting.workload} --algorithms {cfg.algorithm} "
                f"--nodes {setting.nodes} --ranks-per-node {setting.ranks_per_node} "
                f"--inter-node-bandwidth {rate} " + " ".join(own) + " --out results/plan")
@@ -210,9 +216,10 @@ def command(cfg, setting: Setting) -> dict:
     return {"compare": " ".join(compare.split()), "train": " ".join(train.split())}
 
 
-def _flags(cfg, concerns: tuple, with_algorithm: bool) -> list[str]:
+def _flags(cfg, concerns: tuple, with_algorithm: bool, defaults=None) -> list[str]:
     """The command-line flags of ``cfg``'s settings of ``concerns`` that differ from their
-    defaults and apply to its run (a bool as its bare flag)."""
+    defaults (``defaults``: a config whose values are the command's defaults; None: thinwire
+    train's) and apply to its run (a bool as its bare flag)."""
     flags = []
     for s in train_settings.SETTINGS:
         value = getattr(cfg, s.name)
@@ -220,7 +227,8 @@ def _flags(cfg, concerns: tuple, with_algorithm: bool) -> list[str]:
             continue
         if s.name == "algorithm" and not with_algorithm:
             continue
-        if value == s.default and s.name != "algorithm":
+        default = s.default if defaults is None else getattr(defaults, s.name)
+        if value == default and s.name != "algorithm":
             continue
         flags += [s.cli_flag] if s.type is bool else [s.cli_flag, str(value)]
     return flags
