@@ -2,6 +2,7 @@
 steps and is scored at the held-out seed (a plan dict whose answer is worked by hand)."""
 
 import argparse
+import json
 
 import pytest
 
@@ -50,7 +51,7 @@ def test_a_table_of_one_seed_is_refused_by_name(tmp_path, monkeypatch):
         row["steps_by_seed"] = {"0": row["steps_by_seed"]["0"]}
     monkeypatch.setattr("thinwire.sim.plan.make_plan", lambda *a, **k: plan)
     sweep = tmp_path / "sweep.json"
-    sweep.write_text("{}")
+    sweep.write_text(json.dumps({"setting": {}, "runs": []}))  # make_plan is replaced
     args = argparse.Namespace(calibrate=[str(sweep)], calibrate_at=None, repeats="each",
                               steps_from=None, workload=None, nodes=None, ranks_per_node=None,
                               inter_node_bandwidth="100mbit", json=None, steps_to=None)

@@ -249,15 +249,24 @@ def _layers_for(merged: dict, where: str) -> tuple[str, list]:
                      f"(model was {name!r})")
 
 
-def result_blocks(path) -> list[dict]:
-    data = read_json(path, "results file")
+def result_blocks(path, what: str = "results file") -> list[dict]:
+    """The result blocks of a results file (thinwire compare's ``{"setting": ..., "runs":
+    [...]}``, a list of them, or ``{"results": [...]}``), each run an object; else a
+    ValueError naming the file (``what``: what the caller reads it as)."""
+    data = read_json(path, what)
     blocks = data.get("results", data) if isinstance(data, dict) else data
     blocks = [blocks] if isinstance(blocks, dict) else blocks
     if not isinstance(blocks, list):
-        raise ValueError(f"{path}: expected {{'setting': ..., 'runs': [...]}} or a list of them")
+        raise ValueError(f"{path}: expected {{'setting': ..., 'runs': [...]}} or a list of "
+                         f"them (thinwire compare's results.json), got {type(data).__name__}")
     for b, block in enumerate(blocks):
         if not isinstance(block, dict) or not isinstance(block.get("runs"), list):
-            raise ValueError(f"{path}: result {b} has no 'runs' list")
+            raise ValueError(f"{path}: result {b} has no 'runs' list (not thinwire compare's "
+                             f"results.json?)")
+        for r, run in enumerate(block["runs"]):
+            if not isinstance(run, dict):
+                raise ValueError(f"{path}: result {b} run {r} is not an object (a run of "
+                                 f"thinwire compare), got {type(run).__name__}")
     return blocks
 
 

@@ -9,8 +9,8 @@ plus every configuration the steps files measured. A candidate no race measured 
 between two measured values of its density, PowerSGD rank or DiLoCo H (the other settings
 equal) is ranked with steps read between theirs (:mod:`thinwire.sim.steps_estimate`; its row's
 ``steps_source`` says so). Any other unmeasured candidate gets a step time and no time to
-target: it is listed, never ranked on a guess, and the command that would measure it is
-printed.
+target: it is listed, never ranked on a guess, and its row (``--json``) carries the
+command that would race it (``command.compare``).
 
 The break-even rate is where the fastest compressed candidate (sparse, low-rank, DiLoCo) and the
 fastest dense one (every gradient entry every step: DDP, the all-reduces at any wire precision)
@@ -288,6 +288,13 @@ def calibrated(paths, calibrate_at: str | None, form: str, overlap: str = "hooks
     """(params, overlap mode, the calibration runs) fitted on ``paths`` (at one rate);
     ``repeats``: fit each run, or the "median" of each setting's repetitions (the per-step
     runs; DiLoCo's own cost is fitted on each of its runs)."""
+    return fitted_on(paths, calibration_runs(paths, calibrate_at, repeats), calibrate_at,
+                     form, overlap)
+
+
+def calibration_runs(paths, calibrate_at: str | None, repeats: str = "each") -> list:
+    """The runs of ``paths`` :func:`calibrated` fits (read, by their median where asked, at one
+    rate): quick, so a plan checks its inputs against them before the fit."""
     check_repeats(repeats)
     runs, _ = read_runs(paths)
     if repeats == "median":
@@ -301,6 +308,12 @@ def calibrated(paths, calibrate_at: str | None, form: str, overlap: str = "hooks
         if not runs:
             raise ValueError(f"--calibrate-at {calibrate_at}: no calibration run at that rate")
         runs = reindexed(runs)
+    return runs
+
+
+def fitted_on(paths, runs: list, calibrate_at: str | None, form: str,
+              overlap: str = "hooks") -> tuple:
+    """:func:`calibrated`'s fit of :func:`calibration_runs`' ``runs`` (of ``paths``)."""
     fits = [(fit(runs, mode, form), mode) for mode in overlap_modes(overlap)]
     (params, _), mode = min(fits, key=lambda item: item[0][1])
     # DiLoCo's own cost, from the DiLoCo runs among them (after the shared fit, which it
@@ -367,8 +380,8 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
                                   or value < least):
             raise ValueError(f"{name} must be an integer >= {least} (None: the "
                              f"calibration's), got {value!r}")
-    params, mode, runs = fitted or calibrated(calibration, calibrate_at, form,
-                                              repeats=repeats)
+    # every check that needs only the runs comes before the fit (seconds to a minute)
+    runs = fitted[2] if fitted else calibration_runs(calibration, calibrate_at, repeats)
     nodes = nodes or runs[0].nodes
     ranks_per_node = ranks_per_node or runs[0].ranks_per_node
     work, entries = entries_for(table, workload, nodes, ranks_per_node)
@@ -380,6 +393,7 @@ def make_plan(calibration, steps_files, workload: str | None, nodes: int | None,
     if layers is None:
         raise ValueError(f"the calibration runs hold no run of model {model!r} (the steps "
                          f"files' {workload}); calibrate on a race of that workload")
+    params, mode, runs = fitted or fitted_on(calibration, runs, calibrate_at, form)
     if compute_ms is not None:
         compute_s = compute_ms / 1e3
     else:
@@ -468,18 +482,20 @@ def measured_times(paths) -> dict:
     """{(rate in bit/s or None, candidate label): measured seconds to target} of compare
     results: the median over the runs that reached it (several seeds, repeated races); None
     where none did. Runs that chose their algorithm (auto) are not candidates."""
-    from thinwire.output import read_json
+    from thinwire.sim.calibrate import result_blocks
     from thinwire.sim.steps import candidate_of, chooses, run_config
 
     found = {}
     for path in paths:
-        data = read_json(path, "measured results (thinwire compare)")
-        for block in data.get("results", [data]) if isinstance(data, dict) else data:
-            setting = block.get("setting") or {}
-            for raw in block.get("runs", []):
+        for b, block in enumerate(result_blocks(path, "measured results (thinwire compare)")):
+            setting = block.get("setting") if isinstance(block.get("setting"), dict) else {}
+            for r, raw in enumerate(block["runs"]):
                 if raw.get("status") != "ok" or chooses(raw.get("algorithm")):
                     continue
-                _, _, cfg = run_config(setting, raw)
+                try:
+                    _, _, cfg = run_config(setting, raw)
+                except (ValueError, TypeError) as exc:  # a run its time cannot be placed by
+                    raise ValueError(f"{path}: result {b} run {r}: {exc}") from None
                 rate = (raw.get("setting") or {}).get("inter_node_bandwidth",
                                                       raw.get("inter_node_bandwidth"))
                 found.setdefault((rate_bps(rate), candidate_of(cfg).label()), []).append(

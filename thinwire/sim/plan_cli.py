@@ -17,7 +17,7 @@ from pathlib import Path
 
 from thinwire.cliargs import integer, number
 from thinwire.collectives import costs
-from thinwire.output import check_output_path, format_table, read_json, write_json_atomic
+from thinwire.output import check_output_path, format_table, write_json_atomic
 from thinwire.sim.calibrate import floors_line
 from thinwire.sim.network import PHASE_FORMS
 from thinwire.sim.repeats import add_repeats_option
@@ -30,19 +30,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "plan", help="rank every candidate by predicted time to target on a described cluster",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_plan_inputs(p)
-    p.add_argument("--inter-node-bandwidth", nargs="+", required=True, metavar="RATE",
+    p.add_argument("--inter-node-bandwidth", nargs="+", action="extend", required=True,
+                   metavar="RATE",
                    help="the cluster's inter-node rate(s), e.g. 100mbit 10gbit ('none': "
-                        "unshaped); one ranking per rate")
+                        "unshaped; comma-separated or repeated); one ranking per rate")
     p.add_argument("--compute-ms", type=number(0, 1e7, low_open=True), default=None,
                    help="compute per step (forward, backward, step) measured on the cluster "
                         "(default: the calibration's, for the same cluster shape)")
     p.add_argument("--phase-form", default="max", choices=PHASE_FORMS,
                    help="how a phase's fixed cost and wire time combine (thinwire simulate)")
-    p.add_argument("--measured", nargs="+", default=None, metavar="RESULTS_JSON",
+    p.add_argument("--measured", nargs="+", action="extend", default=None,
+                   metavar="RESULTS_JSON",
                    help="races measured at the planned rates: print each ranked candidate's "
                         "measured time to target beside the prediction, and how much slower "
                         "the plan's choice ran than the measured fastest")
-    p.add_argument("--algorithms", nargs="+", default=None, metavar="ALGORITHM",
+    p.add_argument("--algorithms", nargs="+", action="extend", default=None,
+                   metavar="ALGORITHM",
                    help="rank only candidates of these algorithms (default: every one the "
                         "plan ranks; comma-separated or repeated)")
     p.add_argument("--json", default=None, help="write the plan here")
@@ -54,6 +57,9 @@ def parse_rates(values: list[str]) -> list[str]:
     from thinwire.cluster.spec import parse_rate
 
     rates = [r.strip() for v in values for r in v.split(",") if r.strip()]
+    if not rates:
+        raise ValueError(f"--inter-node-bandwidth: no rate in {' '.join(values)!r}; name one or "
+                         "more, e.g. 100mbit 1gbit (none: unshaped)")
     for rate in rates:
         if rate.lower() not in ("none", "unshaped"):
             parse_rate(rate, "--inter-node-bandwidth")  # names the flag and value
@@ -95,6 +101,10 @@ def _print(plan: dict) -> None:
                 for i, r in enumerate(ranked)]
         if rows:
             print(format_table(rows, rows[0].keys()))
+        else:
+            print(f"no candidate ranked: none of {', '.join(plan['algorithms'])}'s candidates "
+                  f"has its steps to target measured in the steps files, or between two "
+                  f"measured values (give --steps-from races that ran them)")
         if unmeasured:
             shown = sorted(unmeasured, key=lambda r: r["step_s"])[:SHOWN_UNMEASURED]
             print(f"not ranked (steps to target neither measured nor between two measured "
@@ -134,12 +144,14 @@ def _print_check(check: dict) -> None:
 def add_plan_inputs(p: argparse.ArgumentParser) -> None:
     """What a plan is made from (`thinwire plan`, `thinwire bench seed-holdout`): the
     calibration, the steps files and the cluster's shape."""
-    p.add_argument("--calibrate", nargs="+", required=True, metavar="RESULTS_JSON",
+    p.add_argument("--calibrate", nargs="+", action="extend", required=True,
+                   metavar="RESULTS_JSON",
                    help="measured runs the cost model is fitted on")
     p.add_argument("--calibrate-at", default=None, metavar="RATE",
                    help="fit on the runs at this link rate only (default: all)")
     add_repeats_option(p)
-    p.add_argument("--steps-from", nargs="+", default=None, metavar="RESULTS_JSON",
+    p.add_argument("--steps-from", nargs="+", action="extend", default=None,
+                   metavar="RESULTS_JSON",
                    help="thinwire compare results measuring steps to target (default: "
                         "the --calibrate files)")
     p.add_argument("--workload", default=None,
@@ -156,23 +168,54 @@ def add_plan_inputs(p: argparse.ArgumentParser) -> None:
 
 
 def check_plan_inputs(args) -> None:
-    """Every input file exists and is JSON, named by the option that gave it (the steps table
-    reads --calibrate's files where --steps-from is left out, and would name itself), and the
-    cluster has an inter-node link (make_plan checks the workload before its fit)."""
-    for flag, paths in (("--calibrate", args.calibrate), ("--steps-from", args.steps_from or [])):
+    """Every input file exists and holds results (thinwire compare's), named by the option
+    that gave it (the steps table reads --calibrate's files where --steps-from is left out,
+    and would name itself), and the cluster has an inter-node link (make_plan checks the
+    workload before its fit)."""
+    from thinwire.sim.calibrate import result_blocks
+
+    given = (("--calibrate", args.calibrate), ("--steps-from", args.steps_from or []),
+             ("--measured", getattr(args, "measured", None) or []))
+    for flag, paths in given:
         for path in paths:
+            if not Path(path).exists():
+                raise FileNotFoundError(f"{flag}: plan input not found: {path}")
             if not Path(path).is_file():
-                raise FileNotFoundError(f"plan input not found: {path}")
-            read_json(path, f"{flag} file")
+                raise ValueError(f"{flag}: {path} is not a file (give thinwire compare's "
+                                 "results.json)")
+            try:
+                result_blocks(path, f"{flag} file")
+            except ValueError as exc:
+                message = str(exc)
+                raise ValueError(message if message.startswith(flag) else
+                                 f"{flag}: {message}") from None
     if args.nodes == 1:
         raise ValueError("--nodes 1: one node has no inter-node link to plan for; the plan "
                          "needs --nodes 2 or more")
 
 
 def _names(values: list[str] | None) -> list[str] | None:
-    """--algorithms' names (comma-separated, repeatable)."""
-    return None if values is None else [n.strip() for v in values for n in v.split(",")
-                                        if n.strip()]
+    """--algorithms' names (comma-separated, repeatable); None where it was not given."""
+    if values is None:
+        return None
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"--algorithms: no algorithm in {' '.join(values)!r}; name one or "
+                         "more, or leave the option out to rank every one")
+    return names
+
+
+def check_measured_rates(paths: list[str], rates: list[str]) -> None:
+    """The --measured races hold a candidate's time at one of the planned ``rates`` at least;
+    else there is nothing to check the plan against: say which rates they hold."""
+    from thinwire.sim.calibrate import rate_bps
+    from thinwire.sim.plan import measured_times
+
+    held = {rate for rate, _ in measured_times(paths)}
+    if not held & {rate_bps(rate) for rate in rates}:
+        shown = sorted("none" if bps is None else f"{bps / 1e6:g}mbit" for bps in held)
+        raise ValueError(f"--measured: {', '.join(paths)} hold no race at the planned rates "
+                         f"({', '.join(rates)}); they hold {', '.join(shown) or 'no usable run'}")
 
 
 def main(args) -> int:
@@ -181,9 +224,12 @@ def main(args) -> int:
     from thinwire.sim.plan import check_algorithms, make_plan
 
     check_algorithms(_names(args.algorithms), "--algorithms")  # before the fit
+    rates = parse_rates(args.inter_node_bandwidth)
+    if args.measured:
+        check_measured_rates(args.measured, rates)
 
     plan = make_plan(args.calibrate, args.steps_from or args.calibrate, args.workload,
-                     args.nodes, args.ranks_per_node, parse_rates(args.inter_node_bandwidth),
+                     args.nodes, args.ranks_per_node, rates,
                      args.compute_ms, args.calibrate_at, args.phase_form,
                      steps_to=args.steps_to, algorithms=_names(args.algorithms),
                      repeats=args.repeats)
@@ -191,9 +237,6 @@ def main(args) -> int:
     plan["rows"] = plan["steps_table"]  # what docs/results.md reads, unless --measured
     if args.measured:
         from thinwire.sim.plan import check_against
-        for path in args.measured:
-            if not Path(path).is_file():
-                raise FileNotFoundError(f"--measured input not found: {path}")
         plan["check"] = check_against(plan, args.measured)
         plan["rows"] = plan["check"]["summary"]  # one per rate (docs/results.md reads rows)
         _print_check(plan["check"])

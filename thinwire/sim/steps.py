@@ -22,7 +22,6 @@ import dataclasses
 import statistics
 from dataclasses import dataclass, field
 
-from thinwire.output import read_json
 from thinwire.train import modes, quality, race_config, settings, workloads
 from thinwire.train.race_config import TRAIN_FIELDS
 
@@ -120,6 +119,9 @@ def run_config(setting: dict, raw: dict):
     workload = merged.get("workload")
     if workload not in workloads.WORKLOADS:
         raise ValueError(f"not a thinwire compare run (workload {workload!r})")
+    missing = [key for key in ("algorithm", "nodes", "ranks_per_node") if merged.get(key) is None]
+    if missing:
+        raise ValueError(f"not a thinwire compare run (no {', '.join(missing)})")
     base = race_config.base_config(workload, {})
     train = {name: merged[name] for name in TRAIN_FIELDS
              if name in merged and merged[name] != getattr(base, name)
@@ -171,13 +173,13 @@ def read_table(paths, steps_to: float | None = None) -> tuple[dict, list[str]]:
     ``steps_to``: read steps to this quality instead of each race's target (what a table for
     another target would say; only runs that trained past it, ``--no-stop-at-target``, reach
     it: the others count as missing it)."""
+    from thinwire.sim.calibrate import result_blocks
+
     table, notes = {}, []
     for path in paths:
-        data = read_json(path, "steps table (thinwire compare results)")
-        blocks = data.get("results", data) if isinstance(data, dict) else data
-        for block in [blocks] if isinstance(blocks, dict) else blocks:
-            setting = block.get("setting") or {} if isinstance(block, dict) else {}
-            for i, raw in enumerate(block.get("runs", []) if isinstance(block, dict) else []):
+        for block in result_blocks(path, "steps table (thinwire compare results)"):
+            setting = block.get("setting") if isinstance(block.get("setting"), dict) else {}
+            for i, raw in enumerate(block["runs"]):
                 where = f"{path} run {i} ({raw.get('algorithm')})"
                 if raw.get("status") != "ok":
                     notes.append(f"{where}: status {raw.get('status')!r}")
