@@ -27,12 +27,12 @@ def test_a_schedule_parses_into_increasing_times_and_rates():
 @pytest.mark.parametrize("schedule, message", [
     ("40s:25mbit,10s:1gbit", "times must increase, got '10s' after 40s"),
     ("40s:25mbit,40s:1gbit", "times must increase"),
-    ("40:25mbit", "time '40' needs a unit, one of ms, s, min, h"),
+    ("40:25mbit", "time '40' needs a unit; units: ms, s, min, h"),
     ("40s-25mbit", "every entry must be TIME:RATE"),
     ("-1s:1gbit", "time .-1s. is negative; times are seconds after the job starts, >= 0"),
     ("0s:1kbit", "rate must be between 100kbit and 100gbit, got '1kbit'"),
     ("0s:25MBps", "unknown unit 'mbps'"),
-    ("8d:1gbit", "needs a unit"),
+    ("8d:1gbit", "time '8d' has an unknown unit 'd'; units: ms, s, min, h"),
     ("", "must be a string like"),
 ])
 def test_a_bad_schedule_is_refused_by_name_before_anything_is_built(schedule, message):

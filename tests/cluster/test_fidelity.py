@@ -93,6 +93,44 @@ def test_a_phase_after_a_drop_is_not_judged_by_the_traffic_before_it():
     assert second["nodes"][0]["link_peak_share"] < 0.2 and second["verdict"] == "neither"
 
 
+def test_a_window_across_a_drop_is_judged_against_the_rate_before_it():
+    """1 Gbit/s -> 200 Mbit/s at 4.05 s; the node sent 300 Mbit/s on a saturated host until
+    the drop, then nothing: it never drove a link. Judged against the 200 Mbit/s at its end, a
+    window across the drop read 1.35 of that rate, and the whole run 'link'."""
+    spec = ClusterSpec(2, 1, inter_node_bandwidth="1gbit",
+                       bandwidth_schedule="0s:1gbit,4s:200mbit")
+    stats = _stats([300] * 40 + [0] * 20, [0.99] * 40 + [0.2] * 20)
+    result = assess(stats, spec, [(0.0, 10**9), (4.05, 2 * 10**8)])
+    assert result["nodes"][0]["link_peak_share"] <= 0.31
+    assert result["verdict"] == "host"
+    assert [phase["verdict"] for phase in result["phases"]] == ["host", "neither"]
+
+
+def _two_links(rates_mbit: list[tuple[float, float]]) -> dict:
+    """One node of two links sending at the given (link 0, link 1) rates, 0.1 s each."""
+    t, sent = [0.0], [[0, 0]]
+    for i, rates in enumerate(rates_mbit, start=1):
+        sent.append([before + int(rate * 1e6 / 8 * 0.1) for before, rate in zip(sent[-1], rates)])
+        t.append(round(0.1 * i, 4))
+    return {"nodes": [{"node": 0, "throttled_s": 0.0,
+                       "series": {"t": t, "tx_bytes": [sum(row) for row in sent],
+                                  "tx_link_bytes": sent}}],
+            "host": {"t": t[1:], "cpu_busy": [0.2] * len(rates_mbit)}}
+
+
+def test_one_full_link_of_a_node_s_two_makes_a_link_bound_run():
+    """gloo drives one of a node's links: 49 Mbit/s on link 0, of the 50 Mbit/s it has of the
+    node's 100, is the wire's limit though the node's sum is half its rate."""
+    spec = ClusterSpec(2, 1, inter_node_bandwidth="100mbit", links_per_node=2)
+    result = assess(_two_links([(49, 0)] * 20), spec)
+    assert result["verdict"] == "link" and result["nodes"][0]["link_peak_share"] >= 0.95
+    assert assess(_two_links([(20, 20)] * 20), spec)["verdict"] == "neither"
+    # a run recorded before the links were kept apart: judged by the node's sum, as then
+    stats = _two_links([(49, 0)] * 20)
+    del stats["nodes"][0]["series"]["tx_link_bytes"]
+    assert assess(stats, spec)["verdict"] == "neither"
+
+
 def test_a_phase_whose_quota_held_the_node_back_is_host_bound():
     stats = _stats([5] * 30, [0.2] * 30, throttled_s=0.6)
     # the quota's counter grew only after the change at 1 s: 0.6 s of the second 2 s

@@ -207,3 +207,45 @@ def test_missing_controllers_fail_clearly_or_warn_with_best_effort(monkeypatch, 
     assert "WITHOUT per-node CPU/memory limits" in caplog.text
     # Accounting alone never fails a run: it just has no CPU/memory figures.
     assert cgroups.node_cgroups_for(ClusterSpec(2, 1), "r1", accounting=True) is None
+
+
+def test_compare_checks_its_resources_at_every_rate_it_races():
+    """Checked at 1 Gbit/s alone, a schedule beside an unshaped rate, or a rate too slow to
+    split over the links, failed at its run, after the others, with no results written."""
+    from thinwire.train.compare import CompareSettings
+
+    with pytest.raises(ValueError, match=r"--inter-node-bandwidth none: bandwidth_schedule="
+                                         r".*needs shaped inter-node links"):
+        CompareSettings(rates=["200mbit", "none"],
+                        resources={"bandwidth_schedule": "0s:200mbit,5s:25mbit"}).validate()
+    with pytest.raises(ValueError, match="--inter-node-bandwidth 150kbit: links_per_node=2"):
+        CompareSettings(rates=["1gbit", "150kbit"], resources={"links_per_node": 2}).validate()
+
+
+def test_without_the_shaped_cluster_compare_refuses_what_only_it_runs(monkeypatch):
+    from thinwire.train import compare
+    from thinwire.train.compare import CompareSettings
+
+    monkeypatch.setattr(compare, "missing_requirements", lambda: ["root"])
+    settings = CompareSettings(resources={"bandwidth_schedule": "0s:200mbit,5s:25mbit"})
+    with pytest.raises(ValueError, match="the shaped cluster needs root, and without it: "
+                                         "bandwidth_schedule="):
+        compare._resolve_shaping(settings)
+    plain = CompareSettings()
+    with pytest.warns(RuntimeWarning, match="falling back to --no-shaping"):
+        compare._resolve_shaping(plain)  # nothing asked of the shaped cluster: loopback
+    assert plain.shaping is False
+
+
+def test_an_empty_schedule_option_is_refused_not_dropped():
+    # "$SCHED" with the variable unset: run at a constant rate, it would measure another thing
+    from thinwire.cluster import cli as cluster_cli
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    cluster_cli.register(sub)
+    args = parser.parse_args(["cluster", "run", "--bandwidth-schedule", "", "--", "-c", "1"])
+    kwargs = resource_kwargs(args)
+    assert kwargs["bandwidth_schedule"] == ""
+    with pytest.raises(ValueError, match="bandwidth_schedule must be a string like"):
+        ClusterSpec(nodes=2, ranks_per_node=1, **kwargs)

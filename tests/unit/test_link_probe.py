@@ -149,3 +149,14 @@ def test_the_larger_probe_size_keeps_the_wire_busy_a_little_longer(world_of_one,
     size = link_probe.larger_probe_size(1 << 20, small_s, dist.group.WORLD,
                                     link_probe.probe_device())
     assert size == factor << 20
+
+
+def test_a_paced_sender_starts_at_the_schedules_0s_rate():
+    """cluster run's --inter-node-bandwidth defaults to 1 Gbit/s; a schedule's 0 s entry sets
+    the link's rate from the start, and dlcp must pace at that rate, not at the default."""
+    from thinwire.cluster.launch import node_env
+    from thinwire.cluster.spec import ClusterSpec
+
+    spec = ClusterSpec(nodes=2, ranks_per_node=1, inter_node_bandwidth="1gbit",
+                       bandwidth_schedule="0s:25mbit,5s:200mbit")
+    assert node_env(spec, 0, "eth0", None)[link_probe.CONFIGURED_RATE_ENV] == "25000000"

@@ -69,11 +69,14 @@ class NodeMonitor:
                  interval_s: float = SAMPLE_INTERVAL_S):
         self.nodes, self.cgroups, self.interval_s = nodes, cgroups, interval_s
         self.pids: dict[int, int] = {}  # node -> a pid inside its namespace (its torchrun)
-        # throttled_s: the node's CPU quota's hold so far (per phase of a bandwidth schedule)
+        # throttled_s: the node's CPU quota's hold so far (per phase of a bandwidth schedule);
+        # tx_link_bytes: each of its links' own bytes sent (eth0, eth1, ...: gloo drives one
+        # of K links, whose share of the node's rate is 1/K; the fidelity monitor judges each)
         self.series = [{"t": [], "cpu_seconds": [], "memory_bytes": [], "tx_bytes": [],
-                        "rx_bytes": [], "lo_bytes": [], "throttled_s": []}
+                        "tx_link_bytes": [], "rx_bytes": [], "lo_bytes": [], "throttled_s": []}
                        for _ in range(nodes)]
         self._last_net = [(0, 0, 0)] * nodes
+        self._last_links: list[list[int]] = [[] for _ in range(nodes)]
         # the host's CPU busy share per interval, and its run queue (tasks ready to run,
         # the sampler itself not counted) at the sample: more than its cores, CPUs were short
         self.host = {"t": [], "cpu_busy": [], "run_queue": []}
@@ -147,16 +150,18 @@ class NodeMonitor:
             if pid is not None:
                 try:
                     dev = read_net_dev(pid)
-                    links = [v for k, v in dev.items() if k.startswith("eth")]  # K links
+                    links = [v for k, v in sorted(dev.items()) if k.startswith("eth")]  # K
                     rx, tx = sum(v[0] for v in links), sum(v[1] for v in links)
                     net = (tx, rx, dev.get("lo", (0, 0))[1])
                     self._last_net[node] = net
+                    self._last_links[node] = [v[1] for v in links]
                 except (OSError, ValueError, IndexError):
                     pass  # the node's process is gone: keep its last counters
             s["t"].append(round(t, 4))
             s["cpu_seconds"].append(cpu)
             s["memory_bytes"].append(mem)
             s["tx_bytes"].append(net[0])
+            s["tx_link_bytes"].append(list(self._last_links[node]))
             s["rx_bytes"].append(net[1])
             s["lo_bytes"].append(net[2])
             s["throttled_s"].append(held)

@@ -100,10 +100,11 @@ def resource_kwargs(args: argparse.Namespace) -> dict:
             # only where set: compare counts any given resource as asking for the shaped cluster
             **({"links_per_node": args.links_per_node} if args.links_per_node != 1 else {}),
             **({"link_mtu": args.link_mtu} if args.link_mtu != 1500 else {}),
+            # given empty ("$SCHED" unset): refused by the spec, not run without a schedule
             **({"bandwidth_schedule": args.bandwidth_schedule}
-               if getattr(args, "bandwidth_schedule", None) else {}),
+               if getattr(args, "bandwidth_schedule", None) is not None else {}),
             **({"failure_schedule": args.failure_schedule}
-               if getattr(args, "failure_schedule", None) else {}),
+               if getattr(args, "failure_schedule", None) is not None else {}),
             **({"schedule_clock": args.schedule_clock}
                if getattr(args, "schedule_clock", "job") != "job" else {}),
             **({"fault_tolerant": True} if getattr(args, "fault_tolerant", False) else {}),

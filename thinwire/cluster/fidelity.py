@@ -58,14 +58,33 @@ def rate_at(spec, t: float, changes: list | None = None) -> int | None:
 
 def _peak_share(t: list, tx: list, rate_of, window_s: float) -> float:
     """The best average egress rate over any ``window_s`` span of the series, as a share of
-    the rate configured at the span's end (``rate_of(t)``)."""
+    the highest rate configured in the span (``rate_of(t)`` at its samples): a span that
+    holds a drop is judged against the rate before it, or the old rate's traffic would read
+    as a slow link driven past full."""
     best, start = 0.0, 0
     for end in range(1, len(t)):
         while t[end] - t[start] > window_s and start < end - 1:
             start += 1
-        span, rate = t[end] - t[start], rate_of(t[end])
+        span = t[end] - t[start]
+        rate = max((rate_of(t[i]) or 0) for i in range(start, end + 1))
         if span >= window_s * 0.5 and rate:
             best = max(best, 8 * (tx[end] - tx[start]) / span / rate)
+    return best
+
+
+def _links_peak_share(series: dict, links: int, rate_of, begin: float, end: float) -> float:
+    """The best :func:`_peak_share` of any one of a node's ``links`` against its part of the
+    node's rate (1/``links``): gloo drives one link of several, whose bytes alone may fill it
+    while the node's sum stays at 1/``links`` of the node's rate. 0 without the per-link
+    series (one link, or a run recorded before it was kept)."""
+    per_link = series.get("tx_link_bytes") or []
+    if links < 2 or not per_link:
+        return 0.0
+    best = 0.0
+    for link in range(links):
+        sent = [row[link] if len(row) > link else 0 for row in per_link]
+        t, tx = _inside(sent, series["t"], begin, end, previous=False)
+        best = max(best, _peak_share(t, tx, lambda at: (rate_of(at) or 0) / links, WINDOW_S))
     return best
 
 
@@ -97,9 +116,11 @@ def _section(stats: dict, spec, rate_of, begin: float, end: float) -> dict:
         if configured and len(t) > 1:
             # windows that start inside the phase: one that opens before it carries the
             # phase before's traffic (a drop from 1 Gbit/s would read as a full slow link)
-            peak_share = round(_peak_share(*_inside([b or 0 for b in s["tx_bytes"]], s["t"],
-                                                    begin, end, previous=False),
-                                           rate_of, WINDOW_S), 3)
+            peak_share = round(max(
+                _peak_share(*_inside([b or 0 for b in s["tx_bytes"]], s["t"], begin, end,
+                                     previous=False), rate_of, WINDOW_S),
+                _links_peak_share(s, getattr(spec, "links_per_node", 1), rate_of, begin,
+                                  end)), 3)
             for i in range(1, len(t)):
                 dt = t[i] - t[i - 1]
                 if dt <= 0:

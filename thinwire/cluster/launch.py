@@ -93,7 +93,9 @@ def node_env(spec: ClusterSpec, node: int, ifname: str, extra: dict | None) -> d
     if spec.link_classes:  # what a rank needs for qos.tos_for_class
         env["THINWIRE_LINK_CLASSES"] = str(spec.link_classes)
     if spec.shaping and spec.inter_node_bps:  # a paced sender (dlcp) needs its link's rate
-        env["THINWIRE_INTER_NODE_BPS"] = str(spec.inter_node_bps)
+        from thinwire.cluster.fidelity import rate_at  # a schedule's 0 s entry sets the start
+
+        env["THINWIRE_INTER_NODE_BPS"] = str(rate_at(spec, 0.0))
         if spec.bandwidth_steps:  # the rate above is the start's only (thinwire.link_probe)
             env["THINWIRE_LINK_RATE_SCHEDULED"] = "1"
     if spec.links_per_node > 1:  # dlcp sprays its datagrams over the node's links

@@ -94,9 +94,9 @@ def require_shaping_tools() -> None:
             "to run the same launch on loopback without shaping.")
 
 
-def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+def sh(*argv: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
     log.debug("$ %s", " ".join(argv))
-    proc = subprocess.run(argv, capture_output=True, text=True)
+    proc = subprocess.run(argv, capture_output=True, text=True, input=stdin)
     if check and proc.returncode != 0:
         raise RuntimeError(f"command failed ({proc.returncode}): {' '.join(argv)}: "
                            f"{proc.stderr.strip()}")
@@ -308,16 +308,30 @@ class Network:
         for cmd in cmds:
             sh("tc", "-n", ns, *cmd)
 
+    def _tc_batch(self, ns: str, cmds: list[list[str]]) -> None:
+        """``cmds`` in one tc process (``tc -batch``): a rate change on a large cluster is
+        hundreds of commands, which one process each took seconds to start while the links
+        ran at mixed rates and the launcher's wait loop stood still. Arguments with spaces
+        (a BPF filter's bytecode) need the batch parser's quoting: those run one by one."""
+        if len(cmds) < 2 or any(not arg or any(c.isspace() for c in arg)
+                                for cmd in cmds for arg in cmd):
+            self._tc(ns, cmds)
+            return
+        sh("tc", "-n", ns, "-batch", "-", stdin="".join(" ".join(cmd) + "\n" for cmd in cmds))
+
     def set_inter_node_rate(self, rate_bps: int) -> None:
-        """Every node's links, both directions, to `rate_bps` (split over a node's links)."""
+        """Every node's links, both directions, to `rate_bps` (split over a node's links):
+        one tc process a namespace."""
         spec = self.spec
         per_link = rate_bps // spec.links_per_node
+        switch = []
         for i in range(spec.nodes):
+            node = []
             for port, dev, _ in self.links(i, spec.links_per_node):
-                self._tc(self.node_ns(i), rate_change_commands(dev, per_link,
-                                                              spec.class_queue_packets))
-                self._tc(self.switch_ns, rate_change_commands(port, per_link,
-                                                             spec.class_queue_packets))
+                node += rate_change_commands(dev, per_link, spec.class_queue_packets)
+                switch += rate_change_commands(port, per_link, spec.class_queue_packets)
+            self._tc_batch(self.node_ns(i), node)
+        self._tc_batch(self.switch_ns, switch)
 
     def netem_available(self) -> bool:
         probe = sh("tc", "-n", self.switch_ns, "qdisc", "add", "dev", "lo", "root", "netem",

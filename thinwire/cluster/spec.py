@@ -148,8 +148,9 @@ def _schedule_time(text: str, param: str) -> float:
                          f"after the job starts, >= 0 (like '0s' or '40s')")
     number, unit = _split(f"{param} time", text, "'40s'", "units: " + ", ".join(SCHEDULE_TIME_UNITS))
     if unit not in SCHEDULE_TIME_UNITS:
-        raise ValueError(f"{param}: time {text.strip()!r} needs a unit, one of "
-                         f"{', '.join(SCHEDULE_TIME_UNITS)}")
+        raise ValueError(f"{param}: time {text.strip()!r} " + (
+            f"has an unknown unit {unit!r}" if unit else "needs a unit")
+            + f"; units: {', '.join(SCHEDULE_TIME_UNITS)}")
     seconds = number * SCHEDULE_TIME_UNITS[unit]
     if not seconds <= MAX_SCHEDULE_S:
         raise ValueError(f"{param}: time {text.strip()!r} is past {MAX_SCHEDULE_S:g} s")
@@ -377,13 +378,15 @@ class ClusterSpec:
                              f"{self.schedule_clock!r}")
         if self.schedule_clock != "job" and self.bandwidth_schedule is None \
                 and self.failure_schedule is None:
-            raise ValueError(f"schedule_clock={self.schedule_clock!r} times a schedule: give "
-                             "bandwidth_schedule or failure_schedule too")
+            raise ValueError(f"schedule_clock={self.schedule_clock!r} (--schedule-clock) times "
+                             "a schedule: give bandwidth_schedule (--bandwidth-schedule) or "
+                             "failure_schedule (--fail) too")
         if self.bandwidth_schedule is not None:
             if not self.shaping or self.inter_node_bps is None:
-                raise ValueError(f"bandwidth_schedule={self.bandwidth_schedule!r} needs shaped "
-                                 f"inter-node links (shaping=True and an inter_node_bandwidth "
-                                 f"to start from)")
+                raise ValueError(f"bandwidth_schedule={self.bandwidth_schedule!r} "
+                                 f"(--bandwidth-schedule) needs shaped inter-node links "
+                                 f"(shaping=True, not --no-shaping, and an inter_node_bandwidth, "
+                                 f"--inter-node-bandwidth, to start from; not 'none')")
             for _, bps in self.bandwidth_steps:
                 if bps // self.links_per_node < MIN_RATE_BPS:
                     raise ValueError(f"bandwidth_schedule: {format_rate(bps)} split over "

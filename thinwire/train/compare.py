@@ -137,8 +137,13 @@ class CompareSettings:
                 or not math.isfinite(self.stall_s) or self.stall_s <= 0:
             raise ValueError(f"--stall-timeout must be a number of seconds > 0, got "
                              f"{self.stall_s!r}")
-        ClusterSpec(nodes=self.nodes, ranks_per_node=self.ranks_per_node,  # checks the shape
-                    shaping=self.shaping or not self.resources, **self.resources)
+        for rate in self.rates:  # the shape, and the resources at every rate raced
+            try:
+                ClusterSpec(nodes=self.nodes, ranks_per_node=self.ranks_per_node,
+                            inter_node_bandwidth=None if rate == "none" else rate,
+                            shaping=self.shaping or not self.resources, **self.resources)
+            except ValueError as exc:
+                raise ValueError(f"--inter-node-bandwidth {rate}: {exc}") from None
         base = self.base_config()
         language = models.data_name(base.model) in ("stdlib_text",)
         if language != (wl.metric == "bits_per_byte"):
@@ -254,6 +259,14 @@ def _umask() -> int:
 
 def _resolve_shaping(settings: CompareSettings) -> None:
     if settings.shaping and missing_requirements():
+        # what only the shaped cluster runs (a node budget, a schedule, several links) is
+        # refused here, before the first run, not by each run after the fallback
+        try:
+            ClusterSpec(nodes=settings.nodes, ranks_per_node=settings.ranks_per_node,
+                        inter_node_bandwidth=None, shaping=False, **settings.resources)
+        except ValueError as exc:
+            raise ValueError(f"the shaped cluster needs {', '.join(missing_requirements())}, "
+                             f"and without it: {exc}") from None
         warnings.warn("the shaped cluster needs " + ", ".join(missing_requirements())
                       + ": falling back to --no-shaping (loopback, no link rate): the numbers "
                       "will not show a thin wire", RuntimeWarning, stacklevel=3)
