@@ -6,11 +6,20 @@ from thinwire.train import auto
 from thinwire.train.compare import CompareSettings
 
 
-def resolve(rank, world, results_path, ranks_per_node, batch_size=32, compute_ms=None):
+def resolve(rank, world, results_path, ranks_per_node, batch_size=32, compute_ms=None,
+            launcher_ranks_per_node=None):
+    """``launcher_ranks_per_node``: the run's ranks_per_node left unset, the launcher's
+    LOCAL_WORLD_SIZE set to this (torchrun's), as `thinwire train` under torchrun runs."""
+    import dataclasses
+    import os
+
     cfg = CompareSettings(workload="mnist", algorithms=["auto"], nodes=world // ranks_per_node,
                           ranks_per_node=ranks_per_node,
                           train={"plan_from": results_path, "batch_size": batch_size}
                           ).run_config("auto")
+    if launcher_ranks_per_node is not None:
+        os.environ["LOCAL_WORLD_SIZE"] = str(launcher_ranks_per_node)
+        cfg = dataclasses.replace(cfg, ranks_per_node=None)
     try:
         measure = None
         if compute_ms is not None:  # this rank's step, or its steps in turn (one a probe)
@@ -21,6 +30,7 @@ def resolve(rank, world, results_path, ranks_per_node, batch_size=32, compute_ms
     except ValueError as exc:
         return {"error": str(exc)}
     return {"algorithm": chosen.algorithm, "plan_from": chosen.plan_from,
+            "ranks_per_node": chosen.ranks_per_node,
             "choice": info["choice"], "goodput": info["probe"]["goodput_Bps"],
             "planned_at_bps": info["planned_at_bps"], "compute": info["compute"],
             "probe": info["probe"]}

@@ -11,7 +11,8 @@ def _scripted_probe(rates_bps):
     first choice's), so the test knows which link each check saw."""
     rates = iter(rates_bps)
 
-    def probe(ranks_per_node, timeout_s=None, sizes=None, repeats=1, leaders_group=None):
+    def probe(ranks_per_node, timeout_s=None, sizes=None, repeats=1, leaders_group=None,
+              world_group=None):
         small, large = sizes or (1 << 20, 2 << 20)
         return {"nodes": 2, "goodput_Bps": next(rates) / 8 * EFFICIENCY,
                 "small_bytes": small, "small_s": 0.0, "large_bytes": large, "large_s": 0.0}

@@ -36,6 +36,16 @@ def test_every_rank_trains_with_rank_0s_choice(tmp_path):
     assert first["algorithm"] == fastest
 
 
+def test_ranks_per_node_left_unset_is_the_launchers(tmp_path):
+    # torchrun ... -m thinwire.train --algorithm auto: no --ranks-per-node; auto divided the
+    # world by None (a TypeError on every rank)
+    path = _results(tmp_path, ranks_per_node=1)
+    results = run_ranks(auto_workers.resolve, 2, str(path), 1, launcher_ranks_per_node=1)
+    assert all("error" not in r for r in results), results
+    assert [r["ranks_per_node"] for r in results] == [1, 1]
+    assert len({(r["algorithm"], r["choice"]) for r in results}) == 1
+
+
 def test_one_compute_probe_outside_the_calibrations_spread_is_taken_again(tmp_path):
     path = _results(tmp_path, ranks_per_node=1)  # every calibration run computes 80 ms a step
     # a noisy first probe (mean over ranks 200 ms, past 80 x 1.5), then two that read 80, 90

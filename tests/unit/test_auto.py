@@ -187,6 +187,20 @@ def test_a_steps_file_that_is_not_there_is_refused_before_anything_runs(tmp_path
         check_config(_cfg(_results(tmp_path), plan_steps_from=str(tmp_path / "no.json")))
 
 
+@pytest.mark.parametrize("flag", ["plan_from", "plan_steps_from"])
+def test_a_plan_file_that_is_not_compare_results_is_refused_before_anything_runs(tmp_path,
+                                                                               flag):
+    from thinwire.train.auto import check_config
+
+    notes = tmp_path / "README.md"
+    notes.write_text("# not results\n")
+    good = str(_results(tmp_path))
+    cfg = _cfg(str(notes)) if flag == "plan_from" else _cfg(good, plan_steps_from=str(notes))
+    option = "--" + flag.replace("_", "-")
+    with pytest.raises(ValueError, match=f"{option}: {option} file .*README.md"):
+        check_config(cfg)
+
+
 def test_a_resume_the_plan_cannot_choose_for_goes_on_with_the_checkpoints_choice(tmp_path):
     """A spot node lost: the run resumes on 3 x 2, for which no steps were measured. The plan
     fails there, but the checkpoint's choice can go on (without re-planning); with no

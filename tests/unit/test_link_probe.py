@@ -160,3 +160,13 @@ def test_a_paced_sender_starts_at_the_schedules_0s_rate():
     spec = ClusterSpec(nodes=2, ranks_per_node=1, inter_node_bandwidth="1gbit",
                        bandwidth_schedule="0s:25mbit,5s:200mbit")
     assert node_env(spec, 0, "eth0", None)[link_probe.CONFIGURED_RATE_ENV] == "25000000"
+
+
+def test_auto_s_probe_waits_on_the_group_it_is_given(monkeypatch):
+    # the ranks that do not probe wait on auto's choosing group (900 s), not on the default
+    # group's --collective-timeout, while the leaders probe
+    seen = []
+    monkeypatch.setattr(auto, "probe_inter_node",
+                        lambda *a, **k: seen.append(k.get("world_group")) or _probe(4e7))
+    auto.probe_trusted(2, tries=1, pause_s=0, world_group="waiting")
+    assert seen == ["waiting"]

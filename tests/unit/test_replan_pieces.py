@@ -58,6 +58,18 @@ def test_a_hand_over_taken_over_delivers_nothing_more():
     assert p.grad.tolist() == [512.0]
 
 
+def test_a_hand_over_resumed_without_a_scaler_is_taken_unscaled():
+    """Kept under fp16's loss scale (owed in scaled units), resumed with --amp none: the
+    shares are the owed mass unscaled, not 65536 times too large."""
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=1.0)
+    saved = {"owed": [torch.tensor([4 * 65536.0])], "steps": 4, "left": 2, "scale": 65536.0}
+    handover = replan.HandOver.restored(opt, [p], saved)
+    assert handover.pending()[0].tolist() == [2.0]  # half of the owed 4, unscaled
+    p.sum().backward()
+    assert p.grad.tolist() == [2.0]  # the gradient (1) and a quarter of the owed 4
+
+
 @pytest.mark.parametrize("steps", [0, 1.5, None])
 def test_a_hand_over_needs_a_whole_number_of_steps(steps):
     p = torch.nn.Parameter(torch.zeros(1))
@@ -319,3 +331,29 @@ def test_a_checkpoints_hand_over_is_checked_by_field(change, field):
     saved = dict({"owed": [torch.ones(2)], "steps": 4, "left": 2, "scale": 1.0}, **change)
     with pytest.raises(checkpoint_checks.CheckpointMismatch, match=f"field '{re.escape(field)}'"):
         checkpoint_checks.check_handover(saved, [p])
+
+
+@pytest.mark.parametrize("plan_now, planned", [("ddp-fp16", True), ("hitopk", False),
+                                               (None, False)])
+def test_a_run_resumed_with_a_choice_the_plan_now_ranks_second_plans_again_at_once(
+        world_of_one, monkeypatch, plan_now, planned):
+    """The link changed while the job was down: the plan at the resume's probe ranks another
+    choice first, but the checks measure change from that probe, which shows none. The first
+    check plans again whatever the change; a resume whose choice is the plan's does not."""
+    from thinwire.train import auto
+
+    monkeypatch.setattr(auto, "probe_inter_node", lambda *a, **k: {
+        "nodes": 2, "goodput_Bps": 1.01e7, "trusted": True})  # 1% off the resume's probe
+    asked = []
+
+    def choose(cfg, nodes, probe, **kwargs):
+        asked.append(probe["goodput_Bps"])
+        raise ValueError("planned")  # the check keeps its choice and says why
+    monkeypatch.setattr(auto, "choose", choose)
+    cfg = TrainConfig(algorithm="auto", plan_from="x.json", ranks_per_node=1)
+    planner = replan.Replanner(cfg, {"probe": {"goodput_Bps": 1e7}, "choice": "hitopk",
+                                     "resumed": {"step": 40, "plan_now": plan_now}})
+    assert planner.check(train_time_s=5.0, step=41) is None
+    assert asked == ([1.01e7] if planned else [])
+    planner.check(train_time_s=10.0, step=42)  # once only: then the share rules again
+    assert len(asked) == (1 if planned else 0)

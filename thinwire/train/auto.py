@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 # how long the other ranks wait for the probe and rank 0's plan (its fit takes seconds to a
 # minute), whatever --collective-timeout is
 CHOOSING_TIMEOUT_S = 900.0
+# ...and for rank 0's re-plan while training (the fit is cached: its ranking takes seconds), at
+# least; a run's --collective-timeout above it is the wait (a stuck rank 0 holds every rank
+# that long, not CHOOSING_TIMEOUT_S)
+RECHOOSING_TIMEOUT_S = 120.0
 RUNNERS_UP = 3
 
 
@@ -73,30 +77,38 @@ def check_config(cfg) -> None:
         raise ValueError("--algorithm auto needs --plan-from RESULTS_JSON[,...]: thinwire "
                          "compare results of this workload (the plan is calibrated on them and "
                          "reads steps to target from them)")
-    for path in files:
+    from thinwire.sim.calibrate import result_blocks
+
+    given = [("--plan-from", path) for path in files] + \
+        [("--plan-steps-from", path) for path in steps_files(cfg)[len(files):]]
+    for flag, path in given:
         if not Path(path).is_file():
-            raise ValueError(f"--plan-from: {path} is not a file")
-    for path in steps_files(cfg)[len(files):]:
-        if not Path(path).is_file():
-            raise ValueError(f"--plan-steps-from: {path} is not a file")
+            raise ValueError(f"{flag}: {path} is not a file")
+        try:  # compare's results, before the race's first run (the plan reads them later)
+            result_blocks(path, f"{flag} file")
+        except ValueError as exc:
+            raise ValueError(f"{flag}: {exc}") from None
     if cfg.waves != 1:
         raise ValueError(f"--algorithm auto trains one wave, got --waves {cfg.waves}")
 
 
 def probe_inter_node(ranks_per_node: int, timeout_s: float = CHOOSING_TIMEOUT_S,
                      sizes: tuple | None = None, repeats: int = PROBE_REPEATS,
-                     leaders_group: tuple | None = None) -> dict:
+                     leaders_group: tuple | None = None, world_group=None) -> dict:
     """:func:`thinwire.link_probe.probe_inter_node` (a name of this module, so tests can
     script the link)."""
-    return link_probe.probe_inter_node(ranks_per_node, timeout_s, sizes, repeats, leaders_group)
+    return link_probe.probe_inter_node(ranks_per_node, timeout_s, sizes, repeats, leaders_group,
+                                       world_group=world_group)
 
 
 def probe_trusted(ranks_per_node: int, timeout_s: float = CHOOSING_TIMEOUT_S,
                   tries: int = link_probe.PROBE_TRIES,
-                  pause_s: float = link_probe.PROBE_PAUSE_S) -> dict:
-    """:func:`thinwire.link_probe.probe_trusted` with this module's :func:`probe_inter_node`."""
-    return link_probe.probe_trusted(ranks_per_node, timeout_s, tries, pause_s,
-                                    probe=lambda *args: probe_inter_node(*args))
+                  pause_s: float = link_probe.PROBE_PAUSE_S, world_group=None) -> dict:
+    """:func:`thinwire.link_probe.probe_trusted` with this module's :func:`probe_inter_node`;
+    ``world_group``: every rank's group whose timeout the ranks that do not probe wait by."""
+    return link_probe.probe_trusted(
+        ranks_per_node, timeout_s, tries, pause_s,
+        probe=lambda *args: probe_inter_node(*args, world_group=world_group))
 
 
 @functools.lru_cache(maxsize=4)
@@ -247,8 +259,12 @@ def resolve(cfg, measure_compute=None):
     """``cfg`` with auto's choice applied (collective: every rank calls it), and the record.
     ``measure_compute()``: this rank's compute-only step in ms (the training loop's timing,
     collective), or None: the plan's compute is the calibration's."""
+    from thinwire.topology import ranks_per_node_of
     from thinwire.train import checkpoint
 
+    # unset: the launcher's (torchrun's LOCAL_WORLD_SIZE), as the run's topology takes it
+    cfg = dataclasses.replace(cfg, ranks_per_node=ranks_per_node_of(cfg.ranks_per_node,
+                                                                     dist.get_world_size()))
     nodes = dist.get_world_size() // cfg.ranks_per_node
     timeout_s = max(CHOOSING_TIMEOUT_S, cfg.collective_timeout_s)
     # the other ranks wait while rank 0 fits the cost model (seconds to a minute): on a group
@@ -256,8 +272,9 @@ def resolve(cfg, measure_compute=None):
     waiting = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
     began = time.perf_counter()
     try:
-        probe = probe_trusted(cfg.ranks_per_node, timeout_s)
-        probe["intra_node"] = node_probe.probe_intra_node(cfg.ranks_per_node, timeout_s)
+        probe = probe_trusted(cfg.ranks_per_node, timeout_s, world_group=waiting)
+        probe["intra_node"] = node_probe.probe_intra_node(cfg.ranks_per_node, timeout_s,
+                                                          world_group=waiting)
         probe["seconds"] = time.perf_counter() - began
         tries = auto_compute.probe_tries(cfg, waiting, measure_compute,
                                          _compute_band(cfg, nodes))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import datetime
 import logging
 import os
@@ -62,7 +63,10 @@ def train(cfg: TrainConfig) -> dict:
         # no plan at the start (a resume the plan could not choose for): none later either
         if cfg.replan_every_s > 0 and modes.mode_of(resolved.algorithm).per_step \
                 and "plan_error" not in record:
-            replanner = replan.Replanner(cfg, record,  # DiLoCo's loop is not switched
+            # auto's configuration, with the ranks per node the choice resolved (unset: the
+            # launcher's), for the re-checks' probes
+            planned = dataclasses.replace(cfg, ranks_per_node=resolved.ranks_per_node)
+            replanner = replan.Replanner(planned, record,  # DiLoCo's loop is not switched
                                          momentum_correction=resolved.momentum_correction)
             if not resolved.eval_every and dist.get_rank() == 0:
                 log.warning("auto: re-planning checks after evaluations; with --eval-every 0 "

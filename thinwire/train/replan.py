@@ -80,6 +80,11 @@ class Replanner:
         self.intra_node = info["probe"].get("intra_node")  # likewise (checks probe between nodes)
         self.current = info["choice"]
         self.current_settings = info.get("settings")  # what --resume needs to run it again
+        # resumed with the checkpoint's choice where the plan at the probed rate ranks another
+        # first (the link changed while the job was down): the first check plans again
+        # whatever the change since that probe, which is the basis and shows none
+        resumed = info.get("resumed") or {}
+        self.replan_first = resumed.get("plan_now") not in (None, self.current)
         self.checked_at_s = 0.0
         # seconds a step of each clean interval since the last check (or switch): the first
         # PACE_REFERENCE_INTERVALS make the reference, the later ones are compared with it
@@ -156,9 +161,10 @@ class Replanner:
             self.events.append(dict(event, kept=self.current, bound_by=probe.get("bound_by"),
                                     reason=f"probe not trusted: {probe.get('why')}"))
             return None
-        if abs(change) <= self.share:
+        if abs(change) <= self.share and not self.replan_first:
             self.events.append(dict(event, kept=self.current))
             return None
+        self.replan_first = False
         message = None
         if dist.get_rank() == 0:
             try:
@@ -175,7 +181,7 @@ class Replanner:
                 message = {"error": f"{type(exc).__name__}: {exc}"}
         if self._answers is None:  # a gloo group of every rank, kept: rank 0 plans meanwhile
             self._answers = dist.new_group(backend="gloo", timeout=datetime.timedelta(
-                seconds=max(auto.CHOOSING_TIMEOUT_S, self.cfg.collective_timeout_s)))
+                seconds=max(auto.RECHOOSING_TIMEOUT_S, self.cfg.collective_timeout_s)))
         message = auto.broadcast_json(message, self._answers)
         if "error" in message:  # the run goes on with what it has: no rank is left waiting
             log.warning("auto: re-planning at step %d failed (%s); keeping %s", step,
@@ -332,9 +338,15 @@ class HandOver:
 
     def _adder(self, extra: torch.Tensor):
         def add(grad):
-            factor = 1.0 if self.scale_of is None else self.scale_of() / self.scale
+            factor = self._factor()
             return grad + extra.to(grad.dtype) * (factor / self.steps)
         return add
+
+    def _factor(self) -> float:
+        """The loss scale now over the one the residuals were kept at: a run without a scaler
+        now is at 1 (one resumed under --amp none from a checkpoint kept under fp16's 65536
+        takes the shares unscaled, not 65536 times too large)."""
+        return (1.0 if self.scale_of is None else self.scale_of()) / self.scale
 
     def _stepped(self, opt, args, kwargs) -> None:
         self.left -= 1
@@ -368,7 +380,7 @@ class HandOver:
         the residuals a flush returns); None where nothing is left."""
         if self.left <= 0:
             return None
-        factor = 1.0 if self.scale_of is None else self.scale_of() / self.scale
+        factor = self._factor()
         return [None if o is None else o * (factor * self.left / self.steps)
                 for o in self.owed]
 
