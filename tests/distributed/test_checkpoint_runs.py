@@ -52,3 +52,36 @@ def _ids(rank, world):
 def test_a_new_run_gets_one_id_on_every_rank():
     results = run_ranks(_ids, 3)
     assert len({new for new, _ in results}) == 1 and all(old == 77 for _, old in results)
+
+
+def _resume_directory(rank, world, directories, with_file):
+    from pathlib import Path
+
+    from thinwire.train import TrainConfig, checkpoint
+
+    if with_file[rank]:
+        Path(directories[rank], f"rank{rank}.pt").write_bytes(b"")
+    cfg = TrainConfig(checkpoint=directories[rank], resume_if_present=True)
+    try:
+        return checkpoint.agreed_resume_directory(cfg)
+    except checkpoint.NoUsableCheckpoint as exc:
+        return str(exc)
+
+
+@pytest.mark.parametrize("with_file", [(True, False), (False, False), (True, True)])
+def test_resume_if_present_on_some_ranks_only_ends_every_rank(tmp_path, with_file):
+    """Node-local checkpoint directories, one of them empty (a replacement node): the rank
+    that found files would load and gather while the other built its model (a hang). Every
+    rank raises instead; where all or none found files, each goes on alike."""
+    directories = [tmp_path / "node0", tmp_path / "node1"]
+    for directory in directories:
+        directory.mkdir()
+    results = run_ranks(_resume_directory, 2, [str(d) for d in directories], with_file)
+    if all(with_file):
+        assert results == [str(d) for d in directories]
+    elif not any(with_file):
+        assert results == [None, None]
+    else:
+        for message in results:
+            assert "rank(s) [0] found a checkpoint" in message and "rank(s) [1] did not" \
+                in message

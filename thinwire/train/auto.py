@@ -279,7 +279,7 @@ def resolve(cfg, measure_compute=None):
         tries = auto_compute.probe_tries(cfg, waiting, measure_compute,
                                          _compute_band(cfg, nodes))
         compute_ms = statistics.median(tries) if tries else None
-        directory = checkpoint.resume_directory(cfg)
+        directory = checkpoint.agreed_resume_directory(cfg)
         files = gather_json(checkpoint.saved_choices(directory, dist.get_rank())
                             if directory else [], waiting)
         message = None

@@ -166,6 +166,30 @@ def resume_directory(config) -> str | None:
     return None
 
 
+def agreed_resume_directory(config) -> str | None:
+    """:func:`resume_directory`, the same on every rank (collective where a group of several
+    ranks is up): with ``--resume-if-present`` each rank looks in its own ``--checkpoint``,
+    and where only some find files (node-local directories, a replacement node's empty one)
+    those would load and gather while the others went on to build the model: their
+    collectives would not match, a hang until the timeout. Every rank raises instead."""
+    directory = resume_directory(config)
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return directory
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if dist.get_backend() == "nccl" else torch.device("cpu"))
+    mine = torch.tensor([int(directory is not None)], dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, mine)
+    found = [rank for rank, g in enumerate(gathered) if g.item()]
+    if found and len(found) < len(gathered):
+        missing = [rank for rank, g in enumerate(gathered) if not g.item()]
+        raise NoUsableCheckpoint(
+            f"--resume-if-present: rank(s) {found} found a checkpoint in {config.checkpoint}, "
+            f"rank(s) {missing} did not; a run resumes on every rank or on none: give every "
+            f"node the checkpoint (a shared --checkpoint directory), or start a new run")
+    return directory
+
+
 def check_identity(payload: dict, directory, config, world_size: int) -> None:
     saved = payload.get("identity", {})
     if is_sparse(config.algorithm):  # written before these options existed: they were off

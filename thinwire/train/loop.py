@@ -255,7 +255,7 @@ def _train(cfg: TrainConfig, device: torch.device, chosen: dict | None = None,
     ``replanner``: its re-planning (thinwire.train.replan), or None."""
     rank, world = dist.get_rank(), dist.get_world_size()
     ds, module, steps_per_epoch, total_steps, opt, sched = setup_run(cfg, rank, world, device)
-    resume = checkpoint.resume_directory(cfg)
+    resume = checkpoint.agreed_resume_directory(cfg)
     saved = checkpoint.load(resume, rank, cfg, world, steps_per_epoch=steps_per_epoch,
                             check=_fits(cfg, module, opt, sched),
                             max_bytes=checkpoint.size_limit(module),
