@@ -109,6 +109,30 @@ def format_table(rows: Sequence[dict], columns: Iterable[str]) -> str:
     return "\n".join(lines)
 
 
+def check_output_dir(path: str | os.PathLike, param: str) -> Path:
+    """Check, before any work, that a folder can be written at ``path`` (created where
+    missing): not empty, not a file, not under a file, writable; refused with the path the
+    user gave and ``param``, the option that gave it."""
+    target = Path(path)
+    if str(path) == "":
+        raise OutputPathError(f"{param} '': expected a folder path, got an empty string")
+    if target.exists() and not target.is_dir():
+        raise OutputPathError(f"{param} {path}: is a file, expected a folder")
+    ancestor = target
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputPathError(f"{param} {path}: {ancestor} is a file, so no folder can be "
+                              "created under it")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=target, prefix=".", suffix=".probe"):
+            pass  # a write test: permissions alone do not tell root about read-only mounts
+    except OSError as exc:
+        raise OutputPathError(f"{param} {path}: cannot be written ({exc.strerror})") from None
+    return target
+
+
 def check_output_path(path: str | os.PathLike | None, param: str) -> Path | None:
     """Check, before any work, that a file can be written at ``path`` (``None``: no output).
 

@@ -167,9 +167,9 @@ def test_compare_and_bench_sync_pass_the_budgets_through():
     assert settings.common()["resources"] == {"node_cpus": 0.5, "link_classes": 2}
     assert "resources" not in CompareSettings().validate().common()  # old results stay valid
     for size in ("1m", "1e30g", 2**70):  # 1e30g wrapped to a tiny cgroup v1 limit
-        with pytest.raises(ValueError, match=r"node_memory must be between 64MiB .* and 4 EiB"):
+        with pytest.raises(ValueError, match=r"--node-memory must be between 64MiB .* and 4 EiB"):
             CompareSettings(resources={"node_memory": size}).validate()
-    with pytest.raises(ValueError, match="node_memory must be a finite size, got '1e400g'"):
+    with pytest.raises(ValueError, match="--node-memory must be a finite size, got '1e400g'"):
         CompareSettings(resources={"node_memory": "1e400g"}).validate()
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
@@ -214,11 +214,11 @@ def test_compare_checks_its_resources_at_every_rate_it_races():
     split over the links, failed at its run, after the others, with no results written."""
     from thinwire.train.compare import CompareSettings
 
-    with pytest.raises(ValueError, match=r"--inter-node-bandwidth none: bandwidth_schedule="
+    with pytest.raises(ValueError, match=r"--inter-node-bandwidth none: --bandwidth-schedule="
                                          r".*needs shaped inter-node links"):
         CompareSettings(rates=["200mbit", "none"],
                         resources={"bandwidth_schedule": "0s:200mbit,5s:25mbit"}).validate()
-    with pytest.raises(ValueError, match="--inter-node-bandwidth 150kbit: links_per_node=2"):
+    with pytest.raises(ValueError, match="--inter-node-bandwidth 150kbit: --links-per-node=2"):
         CompareSettings(rates=["1gbit", "150kbit"], resources={"links_per_node": 2}).validate()
 
 

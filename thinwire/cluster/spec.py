@@ -383,8 +383,8 @@ class ClusterSpec:
                              "failure_schedule (--fail) too")
         if self.bandwidth_schedule is not None:
             if not self.shaping or self.inter_node_bps is None:
-                raise ValueError(f"bandwidth_schedule={self.bandwidth_schedule!r} "
-                                 f"(--bandwidth-schedule) needs shaped inter-node links "
+                raise ValueError(f"bandwidth_schedule={self.bandwidth_schedule!r} needs "
+                                 f"shaped inter-node links "
                                  f"(shaping=True, not --no-shaping, and an inter_node_bandwidth, "
                                  f"--inter-node-bandwidth, to start from; not 'none')")
             for _, bps in self.bandwidth_steps:

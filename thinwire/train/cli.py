@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from thinwire.output import check_output_dir
 from thinwire.train import compare as compare_mod
 from thinwire.cluster.cli import add_resource_options, resource_kwargs
 from thinwire.train.config import add_arguments, add_config_file, algorithm_options, from_args
@@ -37,20 +38,28 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if getattr(args, "algorithm_option", None):  # absent where a caller built args itself
         train["algorithm_options"] = algorithm_options(args)
     names = workloads.parse_workloads(args.workload)
+    try:
+        lr_grid = tuple(float(x) for x in args.lr_grid.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"--lr-grid must list numbers > 0 (multiples of the learning rate, "
+                         f"like 0.5,1,2), got {args.lr_grid!r}") from None
+    races = [(name, compare_mod.CompareSettings(
+        workload=name, algorithms=[a.strip() for a in args.algorithms.split(",")
+                                   if a.strip()] if args.algorithms is not None
+        else compare_mod.default_algorithms(bool(getattr(args, "fault_tolerant", False))),
+        rates=compare_mod.parse_rates(args.inter_node_bandwidth), nodes=args.nodes,
+        ranks_per_node=args.ranks_per_node, shaping=not args.no_shaping,
+        target=args.target, budget_s=args.budget_s, eval_every=args.eval_every,
+        stop_at_target=not args.no_stop_at_target, tune=args.tune, lr_grid=lr_grid,
+        timeout_s=args.timeout, stall_s=args.stall_timeout, train=train,
+        # a 0 is a value given (and refused by the spec), not an option left out
+        resources={k: v for k, v in resource_kwargs(args).items()
+                   if v is not None and v is not False})) for name in names]
+    for _, settings in races:  # every workload's, before the first race (minutes each)
+        settings.validate()
+    check_output_dir(args.out, "--out")
     status = 0
-    for name in names:
-        settings = compare_mod.CompareSettings(
-            workload=name, algorithms=[a.strip() for a in args.algorithms.split(",")
-                                       if a.strip()] if args.algorithms is not None
-            else compare_mod.default_algorithms(bool(getattr(args, "fault_tolerant", False))),
-            rates=compare_mod.parse_rates(args.inter_node_bandwidth), nodes=args.nodes,
-            ranks_per_node=args.ranks_per_node, shaping=not args.no_shaping,
-            target=args.target, budget_s=args.budget_s, eval_every=args.eval_every,
-            stop_at_target=not args.no_stop_at_target, tune=args.tune,
-            lr_grid=tuple(float(x) for x in args.lr_grid.split(",") if x.strip()),
-            timeout_s=args.timeout, stall_s=args.stall_timeout, train=train,
-            resources={k: v for k, v in resource_kwargs(args).items()
-                       if v not in (None, False)})
+    for name, settings in races:
         out = args.out if len(names) == 1 else f"{args.out}/{name}"
         results = compare_mod.compare(settings, out, progress=not args.no_progress)
         report.print_tables(results)

@@ -98,6 +98,28 @@ class CompareSettings:
         its own world, so that the race goes on through `--fail`'s outages."""
         return bool(self.resources.get("fault_tolerant"))
 
+    def _check_cluster(self) -> None:
+        """The shape, and the resources at every rate raced (checked at one rate, a schedule
+        beside an unshaped rate failed at its run, after the others), named by their flags; a
+        check that fails at some rates only says at which."""
+        from thinwire.options import checked_as_flags
+
+        fields = [f.name for f in dataclasses.fields(ClusterSpec)]
+        failed = {}
+        for rate in self.rates:
+            try:
+                checked_as_flags(lambda: ClusterSpec(
+                    nodes=self.nodes, ranks_per_node=self.ranks_per_node,
+                    inter_node_bandwidth=None if rate == "none" else rate,
+                    shaping=self.shaping or not self.resources, **self.resources),
+                    fields, {"failure_schedule": "--fail"})
+            except ValueError as exc:
+                failed[rate] = str(exc)
+        if failed:
+            rate, message = next(iter(failed.items()))
+            raise ValueError(message if len(failed) == len(self.rates) else
+                             f"--inter-node-bandwidth {rate}: {message}")
+
     def validate(self) -> "CompareSettings":
         wl = workloads.check_workload(self.workload)
         if self.resources.get("max_restarts"):
@@ -123,28 +145,31 @@ class CompareSettings:
         if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int) \
                 or self.eval_every < 0:
             raise ValueError(f"--eval-every must be an integer >= 0, got {self.eval_every!r}")
-        if self.tune and (not self.lr_grid or not all(
-                isinstance(m, (int, float)) and m > 0 for m in self.lr_grid)):
-            raise ValueError(f"--lr-grid must list numbers > 0, got {self.lr_grid!r}")
+        if (self.tune and not self.lr_grid) or not all(
+                isinstance(m, (int, float)) and not isinstance(m, bool) and math.isfinite(m)
+                and m > 0 for m in self.lr_grid):
+            raise ValueError(f"--lr-grid must list finite numbers > 0, got {self.lr_grid!r}")
+        if len(set(self.lr_grid)) != len(self.lr_grid):
+            raise ValueError(f"--lr-grid lists a multiple twice: {self.lr_grid!r}")
         if not self.rates:
             raise ValueError("--inter-node-bandwidth needs at least one rate")
-        for rate in self.rates:
-            if rate != "none":
-                parse_rate(rate, "--inter-node-bandwidth")
+        seen = {}
+        for rate in self.rates:  # one race a rate: a rate spelt twice would race twice
+            bps = None if rate == "none" else parse_rate(rate, "--inter-node-bandwidth")
+            if bps in seen:
+                raise ValueError(f"--inter-node-bandwidth lists one rate twice: {seen[bps]!r} "
+                                 f"and {rate!r}")
+            seen[bps] = rate
         if not self.timeout_s > 0:
             raise ValueError(f"--timeout must be > 0 seconds, got {self.timeout_s!r}")
         if isinstance(self.stall_s, bool) or not isinstance(self.stall_s, (int, float)) \
                 or not math.isfinite(self.stall_s) or self.stall_s <= 0:
             raise ValueError(f"--stall-timeout must be a number of seconds > 0, got "
                              f"{self.stall_s!r}")
-        for rate in self.rates:  # the shape, and the resources at every rate raced
-            try:
-                ClusterSpec(nodes=self.nodes, ranks_per_node=self.ranks_per_node,
-                            inter_node_bandwidth=None if rate == "none" else rate,
-                            shaping=self.shaping or not self.resources, **self.resources)
-            except ValueError as exc:
-                raise ValueError(f"--inter-node-bandwidth {rate}: {exc}") from None
+        self._check_cluster()
         base = self.base_config()
+        from thinwire.train.loop import check_device  # the ranks run on this host
+        check_device(base)
         language = models.data_name(base.model) in ("stdlib_text",)
         if language != (wl.metric == "bits_per_byte"):
             raise ValueError(f"--model {base.model} does not fit workload {wl.name} "

@@ -77,12 +77,18 @@ def train(cfg: TrainConfig) -> dict:
             dist.destroy_process_group()
 
 
-def _device(cfg: TrainConfig) -> torch.device:
+def check_device(cfg: TrainConfig) -> None:
+    """``cfg``'s device and precision are there on this host (compare checks its runs' before
+    the race: they run here)."""
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available (use --device cpu)")
     if cfg.amp == "fp16" and not (cfg.device != "cpu" and torch.cuda.is_available()):
         raise ValueError("--amp fp16 needs a CUDA device (fp16 with GradScaler); on the CPU use "
                          "--amp bf16 or --amp none")
+
+
+def _device(cfg: TrainConfig) -> torch.device:
+    check_device(cfg)
     if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
         local = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local)
