@@ -370,3 +370,64 @@ def test_evaluations_fall_at_a_quorums_start_and_their_count_heals():
     back.manager.committed += 2  # a 6th full step
     back.begin()
     assert back.evaluation_due(2)
+
+
+def test_lars_without_momentum_is_materialized_as_its_first_step_makes_it():
+    # LARS keeps a momentum buffer whatever its momentum: a fresh node without one could
+    # never heal into a live peer's form, and every quorum rolled back for good
+    lazy, eager = _model(), _model()
+    lazy_opt = LARS(lazy.parameters(), lr=0.1, momentum=0.0)
+    eager_opt = LARS(eager.parameters(), lr=0.1, momentum=0.0)
+    per_step.materialize_optimizer_state(eager_opt)
+    _steps(lazy, lazy_opt, count=1)
+    assert lazy_opt.state_dict()["state"].keys() == eager_opt.state_dict()["state"].keys()
+    assert all(set(a) == set(b) for a, b in zip(lazy_opt.state_dict()["state"].values(),
+                                                 eager_opt.state_dict()["state"].values()))
+
+
+def test_a_node_whose_healing_is_refused_quorum_after_quorum_leaves_the_job():
+    """The transport refuses a state of another form on every try: retrying cannot help.
+    After HEAL_REFUSALS_MAX quorums in a row the node ends with the refusal (the others go
+    on without it); another failure between them starts the count again."""
+    from types import SimpleNamespace
+
+    from thinwire.ft.state_transfer import UnsafeState
+
+    errors = []
+
+    class _Refusing(_Quorum):
+        def errored(self):
+            return errors.pop(0) if errors else None
+
+    wrapped = RuntimeError("recovery failed")
+    wrapped.__cause__ = UnsafeState("peer state has other entries: ['momentum_buffer']")
+    refused = SimpleNamespace(original_exception=wrapped)  # torchft's ExceptionWithTraceback
+    model = _model()
+    rounds = _Rounds()
+    topology = SimpleNamespace(local_rank=0, ranks_per_node=1, world_size=2, rank=0, nodes=2,
+                               world=_AloneWorld(), inter=rounds)
+    ft = per_step.FaultTolerantStep(_Refusing(2), topology, _NoSync(), model,
+                                    torch.optim.SGD(model.parameters(), lr=0.1),
+                                    transport=rounds)
+    errors[:] = [refused, refused, "configure failed", refused, refused]
+    for _ in range(5):
+        ft.begin()  # the count starts again after another kind of failure
+    assert ft.refused_heals == 2
+    errors[:] = [refused]
+    with pytest.raises(UnsafeState, match="refused at 3 quorums in a row .*other entries"):
+        ft.begin()
+
+
+def test_the_fault_tolerant_hook_gets_momentum_correction_and_weight_decay():
+    # the optimizer leaves them to the hook under --momentum-correction: the fault-tolerant
+    # run's SyncState must get them, as thinwire train's hook does
+    from thinwire.train import TrainConfig
+    from thinwire.train.ft_job import sync_settings
+
+    cfg = TrainConfig(model="mlp", algorithm="hitopk", fault_tolerant=True,
+                      momentum_correction=True, momentum=0.9, weight_decay=5e-4).validate()
+    settings = sync_settings(cfg)
+    assert settings["momentum_correction"] == 0.9 and settings["weight_decay"] == 5e-4
+    plain = sync_settings(TrainConfig(model="mlp", algorithm="hitopk", fault_tolerant=True,
+                                      weight_decay=5e-4).validate())
+    assert plain["momentum_correction"] == 0.0 and plain["weight_decay"] == 0.0

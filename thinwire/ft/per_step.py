@@ -49,6 +49,10 @@ from thinwire.topology import Topology
 log = logging.getLogger(__name__)
 
 ALGORITHMS = ("allreduce", "hier_allreduce", "topk_allgather", "hitopk")
+# a node whose healing the state transfer refused this many quorums in a row (its state cannot
+# take a live peer's form: retrying cannot change that) leaves the job with the refusal, so
+# the others go on without it: without a bound every quorum rolled back for good, silently
+HEAL_REFUSALS_MAX = 3
 
 
 def check_algorithm(algorithm: str) -> None:
@@ -74,8 +78,8 @@ def materialize_optimizer_state(optimizer) -> None:
             state = {}
             zeros = lambda: torch.zeros_like(p, memory_format=torch.preserve_format)  # noqa: E731
             if isinstance(optimizer, (torch.optim.SGD, LARS)):
-                if not group["momentum"]:
-                    continue  # no state at all
+                if not group["momentum"] and not isinstance(optimizer, LARS):
+                    continue  # no state at all (LARS keeps its buffer whatever its momentum)
                 if group.get("dampening", 0):
                     raise ValueError("fault-tolerant training: SGD with dampening has no "
                                      "zero-state equivalent of its first step; use "
@@ -232,6 +236,7 @@ class FaultTolerantStep:
         self._snapshot = None
         self.quorums: list[tuple[int, int]] = []
         self.rolled_back = 0
+        self.refused_heals = 0  # quorums in a row whose healing the transport refused
         self.count_departed_mass = count_departed_mass
         self.node = node
         self._pending_masses: dict[int, float] | None = None
@@ -301,8 +306,10 @@ class FaultTolerantStep:
         except BaseException:
             self._quorum_failed()
             raise
-        if self.manager.errored() is not None:
+        error = self.manager.errored()
+        if error is not None:
             self._quorum_failed()
+        self._count_refused_heal(error)
         replica, count = self.manager.participating_rank(), self.manager.num_participants()
         if replica is None or count < 1:
             raise RuntimeError(f"node is not in the quorum (rank {replica}, {count} nodes): "
@@ -315,6 +322,29 @@ class FaultTolerantStep:
         if self.manager.current_step() == 0:  # the same on every rank of the quorum
             self._check_same_start()
         self._snapshot = self.state.snapshot()
+
+    def _count_refused_heal(self, error) -> None:
+        """Count a quorum whose healing the state transfer refused (an UnsafeState among the
+        reported error's causes), and end this node with it at HEAL_REFUSALS_MAX in a row."""
+        from thinwire.ft.state_transfer import UnsafeState
+
+        cause, refusal = getattr(error, "original_exception", error), None
+        for _ in range(8):  # the error torchft reports may wrap the transport's
+            if cause is None or isinstance(cause, UnsafeState):
+                refusal = cause
+                break
+            cause = getattr(cause, "__cause__", None) or getattr(cause, "__context__", None)
+        if refusal is None:
+            self.refused_heals = 0
+            return
+        self.refused_heals += 1
+        log.warning("healing refused (%d of %d in a row): %s", self.refused_heals,
+                    HEAL_REFUSALS_MAX, refusal)
+        if self.refused_heals >= HEAL_REFUSALS_MAX:
+            raise UnsafeState(f"fault-tolerant training: this node's healing was refused at "
+                              f"{self.refused_heals} quorums in a row ({refusal}); its state "
+                              f"cannot take a live peer's form, so it leaves the job and the "
+                              f"others go on without it") from refusal
 
     def _quorum_failed(self) -> None:
         """torchft reported this rank's quorum failed (it re-forms its groups and heals rank

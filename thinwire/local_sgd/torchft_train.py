@@ -133,6 +133,11 @@ class TorchftDiLoCoSync:
             timeout=timeout, quorum_timeout=timeout, init_sync=False)
         outer = torch.optim.SGD(module.parameters(), lr=self.cfg.outer_lr,
                                 momentum=self.cfg.outer_momentum, nesterov=True)
+        # its Nesterov buffers made now, as its first outer step would: a replica whose first
+        # outer step did not commit heals into the form of one whose did (the transport is
+        # strict about the form)
+        from thinwire.ft.per_step import materialize_optimizer_state
+        materialize_optimizer_state(outer)
         self._diloco = DiLoCo(self._manager, [module], optimizer, outer,
                               sync_every=self.cfg.sync_every)
         self._diloco.__enter__()  # registers its hooks on the loop's optimizer

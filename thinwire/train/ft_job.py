@@ -339,17 +339,25 @@ def _thinwire_step(cfg, node, nodes, n, local, lighthouse, node_group, address, 
         node_group=node_group)
     topo = per_step.topology(manager, pg, node_group, n, local, timeout)
     timeline["manager"] = time.time()
-    # the run's settings, as `thinwire train` hands them to its hook (grad_sync.register)
-    state = thinwire.SyncState(
-        topo, cfg.algorithm, density=cfg.density, selector=cfg.selector, wire=cfg.wire,
-        sparse_wire=cfg.sparse_wire, dense_iterations=cfg.dense_warmup_steps,
-        density_warmup_steps=cfg.density_warmup_steps,
-        density_warmup_from=cfg.density_warmup_from, algorithm_options=sync_options(cfg))
+    state = thinwire.SyncState(topo, cfg.algorithm, **sync_settings(cfg))
     ft = holder["ft"] = per_step.FaultTolerantStep(manager, topo, state, model, optimizer,
                                                    scheduler, job_nodes=nodes,
                                                    transport=transport)
     ft.node_store = store  # torchft's cross-node groups meet through it: alive with the step
     return ft, manager, model, state
+
+
+def sync_settings(cfg) -> dict:
+    """The run's settings, as `thinwire train` hands them to its hook (grad_sync.register):
+    with momentum correction the optimizer left momentum and weight decay to the hook
+    (loop._optimizer), so they must reach it here too, or the run trains without either."""
+    return dict(density=cfg.density, selector=cfg.selector, wire=cfg.wire,
+                sparse_wire=cfg.sparse_wire, dense_iterations=cfg.dense_warmup_steps,
+                momentum_correction=cfg.momentum if cfg.momentum_correction else 0.0,
+                weight_decay=cfg.weight_decay if cfg.momentum_correction else 0.0,
+                density_warmup_steps=cfg.density_warmup_steps,
+                density_warmup_from=cfg.density_warmup_from,
+                algorithm_options=sync_options(cfg))
 
 
 if __name__ == "__main__":
