@@ -8,6 +8,7 @@ recommender, simulator and training code can all use it without importing the be
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -61,10 +62,29 @@ class OutputPathError(ValueError):
     """An output file that cannot be written, named by the path the user gave."""
 
 
+def finite_json(value: Any) -> Any:
+    """``value`` with every float that is not finite (a diverged run's NaN loss) as None:
+    JSON has no NaN, and a file holding one is refused by :func:`read_json` (thinwire plan's
+    --calibrate, auto's --plan-from) and by strict parsers (jq)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(item) for item in value]
+    return value
+
+
 def write_json_atomic(path: str | os.PathLike, payload: Any) -> None:
-    """Write JSON to a temporary file beside ``path``, then rename: never a half-written file.
-    The file gets the usual mode for a new file (not mkstemp's private 0600). A failure is
-    reported with ``path``, not the temporary file's name."""
+    """Write JSON (every non-finite float as null: :func:`finite_json`) atomically
+    (:func:`write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(finite_json(payload), indent=2, allow_nan=False) + "\n")
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, then rename: never a half-written
+    file. The file gets the usual mode for a new file (not mkstemp's private 0600). A failure
+    is reported with ``path``, not the temporary file's name."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -73,8 +93,7 @@ def write_json_atomic(path: str | os.PathLike, payload: Any) -> None:
         raise OutputPathError(f"cannot write {path}: {exc.strerror}") from None
     try:
         with os.fdopen(fd, "w") as handle:
-            json.dump(payload, handle, indent=2)
-            handle.write("\n")
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, _default_mode())

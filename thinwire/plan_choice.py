@@ -46,8 +46,10 @@ def _finite(value, where: str, positive: bool = True) -> float:
 def load(plan) -> dict:
     """``plan`` (a path to ``thinwire plan --json``'s file, or its dict), checked."""
     if isinstance(plan, (str, Path)):
+        from thinwire.output import read_json  # size-capped and depth-checked: a clear error
+
         try:
-            plan = json.loads(Path(plan).read_text())
+            plan = read_json(plan, "plan")
         except (OSError, ValueError) as exc:
             raise ValueError(f"plan: {plan} is not a readable JSON plan ({exc}); write one "
                              "with thinwire plan --json PATH") from None

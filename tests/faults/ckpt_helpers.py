@@ -176,6 +176,9 @@ def damages() -> dict:
             70 * 2**20)), "more than a checkpoint of this model can hold"),
         "hook-nan-residual": (nan_in(lambda d: next(iter(
             d["hook"]["feedback"]["residuals"].values()))), "hook.feedback.residuals"),
+        # checked before the fields: raised as a TypeError, it ended the rank before the ranks
+        # agreed on a step
+        "identity-not-a-dict": (set_field("identity", [1]), "its identity is a list"),
     }
 
 

@@ -50,6 +50,20 @@ def test_crafted_pickle_does_not_run(run_dir, tmp_path, framed):
     assert "rank0.pt" in str(err.value)
 
 
+def test_whatever_torch_load_raises_on_a_checksummed_payload_is_a_corrupt_file(saved,
+                                                                               monkeypatch):
+    # the checksum has no key: an edited payload's can be recomputed, and torch.load then
+    # raised KeyError, IndexError or AssertionError, which ended the rank before the
+    # agreement on a step instead of falling back to the previous file
+    data = rank_file(saved, 0).read_bytes()
+    for error in (KeyError(275870735), IndexError("list index"), AssertionError()):
+        def load(*args, error=error, **kwargs):
+            raise error
+        monkeypatch.setattr(torch, "load", load)
+        with pytest.raises(safefile.CorruptFile, match="payload is not plain tensors"):
+            safefile.decode(data, checkpoint.MAGIC, "rank0.pt")
+
+
 FALLBACK_CASES = list(H.damages())
 
 

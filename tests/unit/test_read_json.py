@@ -65,3 +65,13 @@ def test_a_config_file_goes_through_the_strict_reader(tmp_path):
     add_arguments(parser)
     with pytest.raises(ValueError, match="--config file .*the number 1e400 is out of range"):
         add_config_file(parser, ["--config", str(path)])
+
+
+def test_a_non_finite_number_is_written_as_null_and_reads_back(tmp_path):
+    # a diverged run's NaN loss made results.json unreadable by thinwire plan and auto
+    from thinwire.output import read_json, write_json_atomic
+
+    path = tmp_path / "results.json"
+    write_json_atomic(path, {"final_loss": float("nan"), "curve": [{"loss": float("inf")},
+                                                                   {"loss": 1.5}]})
+    assert read_json(path) == {"final_loss": None, "curve": [{"loss": None}, {"loss": 1.5}]}

@@ -21,9 +21,7 @@ compute by 2.4 and chose another algorithm; the same run's own measurement secon
 
 from __future__ import annotations
 
-import json
 import statistics
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -71,21 +69,30 @@ def calibration_ms(files: list, nodes: int, ranks_per_node: int,
                    model: str) -> tuple[float, float, float] | None:
     """(median, lowest, highest) ``compute_ms_per_iter`` of the calibration's runs of this
     cluster shape and model; None where none recorded it."""
+    from thinwire.sim.calibrate import result_blocks
+
     values = []
-    for path in files:
-        results = json.loads(Path(path).read_text())
-        setting = results.get("setting") or {}
-        for run in results.get("runs", []):
-            def field(name, run=run):  # a run's own, else its race's setting
-                return run.get(name, setting.get(name))
-            shape = (field("nodes"), run["world_size"] // field("nodes")
-                     if run.get("world_size") and field("nodes") else
-                     setting.get("ranks_per_node"))
-            if field("model") == model and shape == (nodes, ranks_per_node) and \
-                    isinstance(run.get("compute_ms_per_iter"), (int, float)) and \
-                    run["compute_ms_per_iter"] > 0:
-                values.append(float(run["compute_ms_per_iter"]))
+    for path in files:  # every form of results file the calibration reads
+        for results in result_blocks(path, "--plan-from file"):
+            values += _compute_ms(results, nodes, ranks_per_node, model)
     return (statistics.median(values), min(values), max(values)) if values else None
+
+
+def _compute_ms(results: dict, nodes: int, ranks_per_node: int, model: str) -> list[float]:
+    """The ``compute_ms_per_iter`` of one result block's runs of this shape and model."""
+    values = []
+    setting = results.get("setting") if isinstance(results.get("setting"), dict) else {}
+    for run in results["runs"]:
+        def field(name, run=run):  # a run's own, else its race's setting
+            return run.get(name, setting.get(name))
+        shape = (field("nodes"), run["world_size"] // field("nodes")
+                 if run.get("world_size") and field("nodes") else
+                 setting.get("ranks_per_node"))
+        if field("model") == model and shape == (nodes, ranks_per_node) and \
+                isinstance(run.get("compute_ms_per_iter"), (int, float)) and \
+                run["compute_ms_per_iter"] > 0:
+            values.append(float(run["compute_ms_per_iter"]))
+    return values
 
 
 # the calibration runs' spread of the compute-only step, widened this much either way, is

@@ -192,6 +192,8 @@ def agreed_resume_directory(config) -> str | None:
 
 def check_identity(payload: dict, directory, config, world_size: int) -> None:
     saved = payload.get("identity", {})
+    if not isinstance(saved, dict):  # a damaged file, not another run's: passed over
+        raise CheckpointMismatch(f"its identity is a {type(saved).__name__}, not a dict")
     if is_sparse(config.algorithm):  # written before these options existed: they were off
         saved = {"momentum_correction": False, "dense_warmup_steps": 0, **saved}
     mine = identity(config)
@@ -238,7 +240,9 @@ def load(directory: str | os.PathLike, rank: int, config, world_size: int, *,
             check_fields(payload, steps_per_epoch, config.epochs)
             if check is not None:
                 check(payload)
-        except (safefile.CorruptFile, CheckpointMismatch) as exc:
+        except (safefile.CorruptFile, CheckpointMismatch, KeyError, TypeError, IndexError,
+                AttributeError) as exc:  # damaged in a way no check named: passed over too
+            # (raised here, it ended this rank before the ranks agree on a step: a hang)
             reason = str(exc) if str(exc).startswith(str(candidate)) else f"{candidate}: {exc}"
             log.warning("rank %d: not resuming from %s: %s", rank, candidate, reason)
             refused.append(reason)

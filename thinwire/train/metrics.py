@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from thinwire.output import finite_json
 from thinwire.train import models, quality
 
 log = logging.getLogger("thinwire.train")
@@ -262,7 +263,7 @@ class Metrics:
 
     def _write(self, record: dict) -> None:
         if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
+            self._file.write(json.dumps(finite_json(record), allow_nan=False) + "\n")
             self._file.flush()
 
     # ---------------------------------------------------------------- checkpoints

@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from thinwire.output import format_table
+from thinwire.output import format_table, write_text_atomic
 from thinwire.train import quality, report_plots
 from thinwire.train.run_groups import by_rate
 
@@ -113,7 +113,7 @@ def print_tables(results: dict) -> None:
 
 def write_all(results: dict, out: Path) -> list[str]:
     written = report_plots.plots(results, out)
-    (out / "report.md").write_text(markdown(results, written))
+    write_text_atomic(out / "report.md", markdown(results, written))
     return written
 
 
