@@ -59,8 +59,9 @@ def decode(data: bytes, magic: bytes, where: str, key: str | None = None):
         # (the checksum has no key: an edited file's can be recomputed). Whatever torch.load
         # raises on it, the file is corrupt: the caller falls back to the previous one and
         # every rank reaches the agreement on a step, rather than this rank dying alone.
+        first = (str(exc).splitlines() or [""])[0][:200]
         raise CorruptFile(f"{where}: payload is not plain tensors and containers "
-                          f"({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]})") from None
+                          f"({type(exc).__name__}: {first})") from None
     if not isinstance(stored, dict) or set(stored) != {"key", "data"}:
         raise CorruptFile(f"{where}: payload has no key/data record (not written by thinwire)")
     if key is not None and stored["key"] != key:

@@ -249,3 +249,22 @@ def test_an_empty_schedule_option_is_refused_not_dropped():
     assert kwargs["bandwidth_schedule"] == ""
     with pytest.raises(ValueError, match="bandwidth_schedule must be a string like"):
         ClusterSpec(nodes=2, ranks_per_node=1, **kwargs)
+
+
+def test_a_dead_runs_state_file_names_only_its_own_cgroups(tmp_path, monkeypatch):
+    # cleanup SIGKILLs everything in the cgroups a dead run recorded, as root: a damaged or
+    # planted state file must not reach another cgroup
+    import json
+
+    from thinwire.cluster import netns
+
+    monkeypatch.setattr(netns, "cgroup_mounts", lambda: ["/sys/fs/cgroup/cpu"])
+    state = tmp_path / "abc123.json"
+    own = "/sys/fs/cgroup/cpu/thinwire-abc123-n0"
+    state.write_text(json.dumps({"run_id": "abc123", "pid": 1, "cgroups": [
+        own, "/sys/fs/cgroup/cpu/system.slice", "/sys/fs/cgroup/cpu/thinwire-other-n0",
+        "/tmp/thinwire-abc123-n1", "/sys/fs/cgroup/cpu/../../../tmp/thinwire-abc123-n2", 7]}))
+    assert netns._recorded_cgroups(state) == [own]
+    for damaged in ([own], {"run_id": 5, "cgroups": [own]}, {"run_id": "abc123"}):
+        state.write_text(json.dumps(damaged))
+        assert netns._recorded_cgroups(state) == []

@@ -59,6 +59,14 @@ def _mounts(mounts_file: Path) -> list[tuple[Path, str, set[str]]]:
     return found
 
 
+def cgroup_mounts() -> list[str]:
+    """Where this machine's cgroup hierarchies are mounted (none where /proc is unreadable)."""
+    try:
+        return [str(mount) for mount, _, _ in _mounts(Path("/proc/self/mounts"))]
+    except OSError:
+        return []
+
+
 def _own_paths(proc_cgroup: Path) -> dict[str, str]:
     """controller -> path of this process's cgroup ('' key for v2)."""
     own = {}

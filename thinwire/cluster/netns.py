@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from thinwire.cluster import qos
-from thinwire.cluster.cgroups import (CgroupsUnavailable, NodeCgroups, find_run_cgroups,
-                                      node_cgroups_for, remove_cgroups)
+from thinwire.cluster.cgroups import (CgroupsUnavailable, NodeCgroups, cgroup_mounts,
+                                      find_run_cgroups, node_cgroups_for, remove_cgroups)
 from thinwire.cluster.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
@@ -495,7 +495,11 @@ def cleanup_dead_runs() -> list[str]:
                 state = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
-            if owner_alive(state):
+            if not isinstance(state, dict) or isinstance(state.get("pid"), bool) or \
+                    not isinstance(state.get("pid"), int) or \
+                    not isinstance(state.get("run_id"), str):
+                dead_states.append(path)  # not a record this module wrote: no owner to keep
+            elif owner_alive(state):
                 live.add(state["run_id"])
             else:
                 dead_states.append(path)
@@ -539,7 +543,18 @@ def _log_dir_owner_alive(path: Path) -> bool:
 
 
 def _recorded_cgroups(state_path: Path) -> list[str]:
+    """The cgroups a dead run's state file records: only this module's own (named
+    ``thinwire-<run id>-...`` inside a cgroup hierarchy). Everything in them is killed as
+    root: a damaged or planted state file must not name another cgroup (system.slice)."""
     try:
-        return [str(c) for c in json.loads(state_path.read_text()).get("cgroups", [])]
+        state = json.loads(state_path.read_text())
     except (OSError, ValueError):
         return []
+    if not isinstance(state, dict) or not isinstance(state.get("run_id"), str) or \
+            not isinstance(state.get("cgroups"), list):
+        return []
+    mounts = cgroup_mounts()
+    own = f"{PREFIX}{state['run_id']}-"
+    return [str(c) for c in state["cgroups"] if isinstance(c, str)
+            and os.path.basename(os.path.normpath(c)).startswith(own)
+            and any(os.path.normpath(c).startswith(mount.rstrip("/") + "/") for mount in mounts)]
