@@ -185,6 +185,9 @@ class _NoSync:
     def load_state_dict(self, saved):
         pass
 
+    def residual_mass(self):
+        return {"l1": 0.0}
+
 
 def test_a_run_with_nodes_away_counts_samples_for_its_schedule_and_its_data():
     """A job of 4 nodes x 2 ranks: steps of 4, 4, 2, 2 and 4 nodes are 4 full steps; the
@@ -431,3 +434,21 @@ def test_the_fault_tolerant_hook_gets_momentum_correction_and_weight_decay():
     plain = sync_settings(TrainConfig(model="mlp", algorithm="hitopk", fault_tolerant=True,
                                       weight_decay=5e-4).validate())
     assert plain["momentum_correction"] == 0.0 and plain["weight_decay"] == 0.0
+
+
+def test_a_node_that_heals_drops_its_residual_and_records_it():
+    """It rolled back a step the others committed: part of its residual was applied by the
+    steps it missed, so it starts with none, as a joining node does, and says so."""
+    from types import SimpleNamespace
+
+    class _Holding(_NoSync):
+        def residual_mass(self):
+            return {"l1": 3.5}
+
+    model = _model()
+    topology = SimpleNamespace(local_rank=0, ranks_per_node=1, world_size=2, rank=0, nodes=2,
+                               world=_AloneWorld(), inter=SimpleNamespace(failed=lambda: False))
+    ft = per_step.FaultTolerantStep(_Quorum(2), topology, _Holding(), model,
+                                    torch.optim.SGD(model.parameters(), lr=0.1), node=1)
+    ft.load_user_state(ft.user_state())
+    assert ft.dropped_at_heals == [{"step": 0, "residual_l1": 3.5}] and ft.departures == []

@@ -56,6 +56,19 @@ def test_the_format_round_trips_every_kind_of_leaf():
     assert _same(st.rebuild(leaves, tensors), state)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_peer_tensor_that_is_not_finite_is_refused(bad):
+    # plain float leaves may be NaN (a metric not measured yet); a weight, moment or residual
+    # that is not finite would be trained on
+    state = _state()
+    state["user"]["model"]["w"][1, 2] = bad
+    header, tensors = st.describe(st.flatten(state), step=12)
+    leaves = st.parse_header(header, 12, max_bytes=10 ** 6)
+    with pytest.raises(st.UnsafeState, match=r"tensor at \['user'\]\['model'\]\['w'\] holds "
+                                             r"non-finite values"):
+        st.rebuild(leaves, tensors)
+
+
 def _pair(sender, receiver):
     store, result, errors = dist.HashStore(), {}, []
 

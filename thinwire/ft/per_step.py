@@ -244,6 +244,7 @@ class FaultTolerantStep:
         self.evaluations = 0  # the run's evaluations so far (heals: see evaluation_due)
         self.last_commit_nodes = 0  # nodes of the last committed step (heals with the state)
         self.departures: list[dict] = []  # {"step", "node", "residual_l1"} of each node lost
+        self.dropped_at_heals: list[dict] = []  # {"step", "residual_l1"} this node dropped
 
     # what a joining node takes from a live peer (the Manager's user state)
     def user_state(self) -> dict:
@@ -256,9 +257,16 @@ class FaultTolerantStep:
         return state
 
     def load_user_state(self, saved: dict) -> None:
+        held = self.state.residual_mass()["l1"]  # what this node's own residual held
         self.model.load_state_dict(saved["model"])
         self.optimizer.load_state_dict(saved["optimizer"])
         self.state.load_state_dict(saved["sync"])
+        if held:  # a node that heals (it rolled back a step the others committed) drops its
+            # residual: part of it was applied by the steps it missed; logged, not kept
+            log.warning("healing drops this node's residual (l1 %.4g): a healed node starts "
+                        "with none", held)
+            self.dropped_at_heals.append({"step": self.manager.current_step(),
+                                          "residual_l1": held})
         self.evaluations = saved["run"]["evaluations"]
         self.last_commit_nodes = saved["run"]["last_commit_nodes"]
         if self.scheduler is not None:

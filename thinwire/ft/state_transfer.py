@@ -218,6 +218,11 @@ def rebuild(leaves: list[dict], tensors: list[torch.Tensor]) -> Any:
         kind = entry["kind"]
         if kind == "tensor":
             leaf = next(received)
+            # weights, moments and residuals that are not finite would be trained on: a
+            # donor's damaged state is refused like a misshapen one
+            if leaf.is_floating_point() and not bool(torch.isfinite(leaf).all()):
+                raise UnsafeState(f"peer state tensor at {_show(entry['path'])} holds "
+                                  f"non-finite values")
         elif kind == "float":
             leaf = float(entry["value"])
         elif kind == "empty":
