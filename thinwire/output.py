@@ -108,6 +108,22 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+def save_figure(fig, path: str | os.PathLike, dpi: int = 110) -> None:
+    """``fig.savefig`` to a temporary file beside ``path``, then rename: a reader (a report,
+    a browser) never finds half a PNG. The format is ``path``'s suffix."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or None)
+        os.chmod(tmp, _default_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 def format_table(rows: Sequence[dict], columns: Iterable[str]) -> str:
     """A fixed-width table of ``rows`` restricted to ``columns``; floats get 4 significant
     digits, missing values print as ``-``."""

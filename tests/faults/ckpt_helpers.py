@@ -179,6 +179,12 @@ def damages() -> dict:
         # checked before the fields: raised as a TypeError, it ended the rank before the ranks
         # agreed on a step
         "identity-not-a-dict": (set_field("identity", [1]), "its identity is a list"),
+        # GradScaler's state loads after the model: a NaN scale was accepted, a missing key
+        # failed there, half-way through the resume
+        "scaler-nan-scale": (set_field("scaler", {"scale": float("nan"), "growth_factor": 2.0,
+                                                  "backoff_factor": 0.5, "growth_interval": 2000,
+                                                  "_growth_tracker": 0}), "'scaler'"),
+        "scaler-missing-key": (set_field("scaler", {"scale": 1024.0}), "'scaler'"),
     }
 
 

@@ -357,3 +357,27 @@ def test_a_run_resumed_with_a_choice_the_plan_now_ranks_second_plans_again_at_on
     assert asked == ([1.01e7] if planned else [])
     planner.check(train_time_s=10.0, step=42)  # once only: then the share rules again
     assert len(asked) == (1 if planned else 0)
+
+
+@pytest.mark.parametrize("failures, kept", [(1, False), (2, True)])
+def test_a_recheck_whose_sizes_came_out_inverted_is_taken_once_more(world_of_one, monkeypatch,
+                                                                   failures, kept):
+    from thinwire.train import auto
+
+    answers = [ValueError("the link probe is not usable")] * failures + [
+        {"nodes": 2, "goodput_Bps": 1e9, "trusted": True}]
+
+    def probe(*args, **kwargs):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+    monkeypatch.setattr(auto, "probe_inter_node", probe)
+    monkeypatch.setattr(auto, "choose", lambda *a, **k: (_ for _ in ()).throw(
+        ValueError("planned")))  # a 100x faster link plans again: the probe was used
+    cfg = TrainConfig(algorithm="auto", plan_from="x.json", ranks_per_node=1)
+    planner = replan.Replanner(cfg, {"probe": {"goodput_Bps": 1e7}, "choice": "hitopk"})
+    assert planner.check(train_time_s=5.0, step=3) is None
+    event = planner.events[-1]
+    assert ("not usable" in event["reason"]) is kept
+    assert (event.get("goodput_Bps") == 1e9) is not kept

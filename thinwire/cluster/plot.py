@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from thinwire.output import save_figure
+
 
 def _rates(t: list[float], values: list) -> tuple[list[float], list[float]]:
     """Per-interval rate of a cumulative counter (None samples skipped)."""
@@ -56,7 +58,7 @@ def plot_stats(stats: dict, out: str | Path) -> Path:
     cpu_ax.set_title(f"{stats.get('spec', '')} (dotted: limits)", fontsize="small")
     fig.tight_layout()
     out = Path(out)
-    fig.savefig(out, dpi=100)
+    save_figure(fig, out, dpi=100)
     plt.close(fig)
     return out
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from thinwire.output import save_figure
+
 COLOURS = {"F": "#4c72b0", "B": "#dd8452", "U": "#55a868"}
 
 
@@ -62,5 +64,5 @@ def plot(runs: Sequence[tuple[str, Sequence[dict]]], path: str, window_s: float 
                                (("forward", COLOURS["F"]), ("backward", COLOURS["B"]),
                                 ("update", COLOURS["U"]))], loc="upper right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from thinwire.output import save_figure
+
 
 def _pyplot():
     import matplotlib
@@ -45,7 +47,7 @@ def scaling_plot(path: str | Path, breakdown: Sequence[dict], scaling_rows: Sequ
     fig.suptitle(title)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -68,5 +70,5 @@ def calibration_plot(path: str | Path, rows: Sequence[dict]) -> None:
     ax.legend()
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)

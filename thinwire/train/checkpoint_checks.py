@@ -84,6 +84,19 @@ def check_fields(payload, steps_per_epoch: int, epochs: int) -> None:
              "{'train_time_s': number, 'curve': list of dicts}", sorted(metrics))
     _require(payload.get("scaler") is None or isinstance(payload["scaler"], dict), "scaler",
              "None or a dict", type(payload.get("scaler")).__name__)
+    scaler = payload.get("scaler") or {}  # GradScaler's: {} where it was disabled
+    if scaler:  # loaded after the model: a key missing there, or a NaN scale, came too late
+        def positive(name):
+            value = scaler.get(name)
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+                math.isfinite(value) and value > 0
+        _require(all(positive(k) for k in ("scale", "growth_factor", "backoff_factor",
+                                           "growth_interval"))
+                 and isinstance(scaler.get("_growth_tracker"), int)
+                 and scaler["_growth_tracker"] >= 0, "scaler",
+                 "GradScaler's state: finite scale, growth_factor, backoff_factor and "
+                 "growth_interval > 0, an integer _growth_tracker >= 0",
+                 {k: scaler.get(k) for k in sorted(scaler)})
 
 
 def check_model(saved: dict, module: torch.nn.Module) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from thinwire.output import save_figure
 from thinwire.train import quality
 from thinwire.train.run_groups import by_rate, rate_bps
 
@@ -80,7 +81,7 @@ def time_to_target(results: dict, out: Path) -> str:
                title=f"time to {s['metric']} {sign} {s['target']:g}, inter-node {rate}")
         ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out / "time_to_target.png", dpi=110)
+    save_figure(fig, out / "time_to_target.png", dpi=110)
     plt.close(fig)
     return "time_to_target.png"
 
@@ -128,7 +129,7 @@ def quality_vs_time(results: dict, out: Path) -> str:
         ax.legend(fontsize=8, loc="lower right" if quality.METRICS[s["metric"]].higher_is_better
                   else "upper right")
     fig.tight_layout()
-    fig.savefig(out / "quality_vs_time.png", dpi=110)
+    save_figure(fig, out / "quality_vs_time.png", dpi=110)
     plt.close(fig)
     return "quality_vs_time.png"
 
@@ -163,7 +164,7 @@ def _bars(results: dict, out: Path, key: str, fname: str, ylabel: str, title: st
         ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out / fname, dpi=110)
+    save_figure(fig, out / fname, dpi=110)
     plt.close(fig)
     return fname
 
@@ -205,7 +206,7 @@ def step_split(results: dict, out: Path) -> str | None:
     ax.legend(fontsize=7, loc="lower right")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out / "step_split.png", dpi=110)
+    save_figure(fig, out / "step_split.png", dpi=110)
     plt.close(fig)
     return "step_split.png"
 
@@ -244,6 +245,6 @@ def time_to_target_vs_rate(results: dict, out: Path) -> str:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "time_to_target_vs_rate.png", dpi=110)
+    save_figure(fig, out / "time_to_target_vs_rate.png", dpi=110)
     plt.close(fig)
     return "time_to_target_vs_rate.png"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from thinwire.output import save_figure
+
 COLOURS = {"forward": "tab:blue", "backward": "tab:green", "sync": "tab:red",
            "update": "tab:purple", "wait": "lightgrey"}
 
@@ -63,5 +65,5 @@ def plot_runs(runs: list[tuple[str, dict]], path: str, node: int = 0, window_ste
         whole.set_ylabel("MiB")
         whole.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
