@@ -440,6 +440,14 @@ class SyncState:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise ValueError(f"SyncState checkpoint: steps must be an int >= 0, got {steps!r}")
         self.steps = steps
+        for name in ("dense_iterations", "density_warmup_steps"):
+            # a hook switched in mid-run (auto) skipped the start's warm-ups, and its step count
+            # starts at the switch: built again from the run's settings, a resume would run
+            # them again. The checkpoint's schedule stands where it is shorter, never longer.
+            value = state.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and \
+                    0 <= value < getattr(self, name):
+                setattr(self, name, value)
         self.feedback.load_state_dict(state["feedback"])
         self.algorithm_state = {int(i): dict(s)
                                 for i, s in state.get("algorithm_state", {}).items()}

@@ -381,3 +381,20 @@ def test_a_recheck_whose_sizes_came_out_inverted_is_taken_once_more(world_of_one
     event = planner.events[-1]
     assert ("not usable" in event["reason"]) is kept
     assert (event.get("goodput_Bps") == 1e9) is not kept
+
+
+def test_a_hook_switched_in_mid_run_keeps_its_warm_ups_skipped_when_resumed():
+    """A switch builds the new hook without the start's warm-ups; a resume builds it again
+    from the run's settings (with them) and loads the switched hook's small step count: the
+    dense steps and the density ramp ran again. The checkpoint's shorter schedule stands."""
+    from thinwire.state import SyncState
+
+    switched = SyncState(None, "hitopk", dense_iterations=0, density_warmup_steps=0)
+    switched.steps = 3
+    resumed = SyncState(None, "hitopk", dense_iterations=5, density_warmup_steps=8)
+    resumed.load_state_dict(switched.state_dict())
+    assert (resumed.steps, resumed.dense_iterations, resumed.density_warmup_steps) == (3, 0, 0)
+    # a checkpoint of the same schedule, or a longer one, changes nothing
+    fresh = SyncState(None, "hitopk", dense_iterations=5)
+    fresh.load_state_dict(SyncState(None, "hitopk", dense_iterations=9).state_dict())
+    assert fresh.dense_iterations == 5
