@@ -153,18 +153,7 @@ def check_output_dir(path: str | os.PathLike, param: str) -> Path:
         raise OutputPathError(f"{param} '': expected a folder path, got an empty string")
     if target.exists() and not target.is_dir():
         raise OutputPathError(f"{param} {path}: is a file, expected a folder")
-    ancestor = target
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise OutputPathError(f"{param} {path}: {ancestor} is a file, so no folder can be "
-                              "created under it")
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=target, prefix=".", suffix=".probe"):
-            pass  # a write test: permissions alone do not tell root about read-only mounts
-    except OSError as exc:
-        raise OutputPathError(f"{param} {path}: cannot be written ({exc.strerror})") from None
+    _writable_folder(target, path, param, ".")
     return target
 
 
@@ -180,17 +169,22 @@ def check_output_path(path: str | os.PathLike | None, param: str) -> Path | None
     if str(path) == "" or target.is_dir():
         raise OutputPathError(f"{param} {str(path)!r}: expected a file path, got "
                               f"{'an empty string' if str(path) == '' else 'a folder'}")
-    parent = target.parent
-    ancestor = parent
+    _writable_folder(target.parent, path, param, f".{target.name}.")
+    return target
+
+
+def _writable_folder(folder: Path, path, param: str, prefix: str) -> None:
+    """``folder`` made where missing and written to (a probe file), else an OutputPathError
+    naming ``param`` and the ``path`` the user gave."""
+    ancestor = folder
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise OutputPathError(f"{param} {path}: {ancestor} is a file, so no folder can be "
                               "created under it")
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{target.name}.", suffix=".probe"):
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=prefix, suffix=".probe"):
             pass  # a write test: permissions alone do not tell root about read-only mounts
     except OSError as exc:
         raise OutputPathError(f"{param} {path}: cannot be written ({exc.strerror})") from None
-    return target

@@ -221,6 +221,7 @@ def frozen_peer_in_replan(rank, world, store_dir, init_timeout_s, timeout_s, res
 
     import thinwire.ddp
     from thinwire import link_probe
+    from harness import report_outcome
     from test_plan_choice import plan_of
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -240,9 +241,6 @@ def frozen_peer_in_replan(rank, world, store_dir, init_timeout_s, timeout_s, res
     try:
         thinwire.ddp.replan(model, every_s=every_s, pilot=0)
     except Exception as exc:
-        with open(result_path + ".tmp", "w") as handle:
-            handle.write(f"{time.monotonic() - start}\n{type(exc).__name__}: {exc}")
-        os.replace(result_path + ".tmp", result_path)
+        report_outcome(result_path, start, exc)
         return
-    with open(result_path, "w") as handle:
-        handle.write("no error\n")
+    report_outcome(result_path, start, None)

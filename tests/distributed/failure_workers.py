@@ -16,6 +16,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import thinwire
 
+from harness import report_outcome
+
 
 def _model(seed=0):
     torch.manual_seed(seed)
@@ -117,12 +119,9 @@ def frozen_peer(rank, world, timeout_s, result_path, mode="hitopk"):
                 inner.step()
                 diloco.step()
         except Exception as exc:
-            with open(result_path + ".tmp", "w") as handle:
-                handle.write(f"{time.monotonic() - start}\n{type(exc).__name__}: {exc}")
-            os.replace(result_path + ".tmp", result_path)
+            report_outcome(result_path, start, exc)
             return
-    with open(result_path, "w") as handle:
-        handle.write("no error\n")
+    report_outcome(result_path, start, None)
 
 
 def torchrun_entry() -> None:

@@ -141,3 +141,40 @@ def _outputs(store_dir: str, world_size: int) -> str:
             text = "(no output file: the rank did not start)"
         parts.append(f"--- rank {rank} ---\n{text[-OUTPUT_TAIL:]}")
     return "\n".join(parts)
+
+
+# --- a peer frozen mid-collective (SIGSTOP): what ends rank 0's wait, and when -------------
+
+def report_outcome(result_path: str, start: float, error: BaseException | None) -> None:
+    """Rank 0's report of a frozen-peer test: the seconds since ``start`` and ``error`` (its
+    type and message), or "no error"; written whole (a rename) for the waiting test."""
+    import time
+
+    text = "no error\n" if error is None else \
+        f"{time.monotonic() - start}\n{type(error).__name__}: {error}"
+    with open(result_path + ".tmp", "w") as handle:
+        handle.write(text)
+    os.replace(result_path + ".tmp", result_path)
+
+
+def frozen_run(entry, nprocs: int, args_of, deadline_s: float = 180.0) -> tuple[str, str]:
+    """``entry(rank, *args_of(store_dir, result_path))`` on ``nprocs`` processes, one of which
+    freezes itself; (rank 0's elapsed seconds, its message) once it reports (a hang: the test
+    fails at ``deadline_s``); every process is killed after."""
+    import time
+
+    with tempfile.TemporaryDirectory(prefix="thinwire-frozen-") as tmp:
+        result_path = os.path.join(tmp, "rank0.txt")
+        context = mp.start_processes(entry, args=args_of(tmp, result_path), nprocs=nprocs,
+                                     join=False, start_method=start_method())
+        try:
+            deadline = time.monotonic() + deadline_s
+            while not os.path.exists(result_path) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert os.path.exists(result_path), "rank 0 never reported: a hang"
+            elapsed, _, message = open(result_path).read().partition("\n")
+            return elapsed, message
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    os.kill(process.pid, signal.SIGKILL)

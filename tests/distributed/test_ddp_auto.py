@@ -2,11 +2,7 @@
 the leaders probe, every rank registers the plan's fastest hook at the probed rate, and the
 gradients are the ranks' average; ranks whose plans differ all fail alike."""
 
-import os
-import signal
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +10,7 @@ import torch
 
 from thinwire.plan_choice import HANDOVER_STEPS
 
-from harness import run_ranks, start_method
+from harness import frozen_run, run_ranks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_plan_choice import plan_of  # noqa: E402
@@ -196,23 +192,8 @@ def test_a_frozen_peer_ends_a_timed_replan_within_registers_timeout():
     """The due flag's group, the ranks' agreement and the probe's broadcast wait as long as
     register(timeout=) says, not as long as the default group's timeout (60 s here; PyTorch's
     30 minutes where unset)."""
-    import torch.multiprocessing as mp
-
     timeout_s, init_timeout_s = 3, 60
-    with tempfile.TemporaryDirectory(prefix="thinwire-frozen-") as tmp:
-        result_path = os.path.join(tmp, "rank0.txt")
-        context = mp.start_processes(auto_workers.frozen_peer_in_replan,
-                                     args=(2, tmp, init_timeout_s, timeout_s, result_path,
-                                           3600.0),
-                                     nprocs=2, join=False, start_method=start_method())
-        try:
-            deadline = time.monotonic() + 120
-            while not os.path.exists(result_path) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert os.path.exists(result_path), "rank 0 never reported: replan hung"
-            elapsed, message = open(result_path).read().split("\n", 1)
-        finally:
-            for process in context.processes:
-                if process.is_alive():
-                    os.kill(process.pid, signal.SIGKILL)
+    elapsed, message = frozen_run(
+        auto_workers.frozen_peer_in_replan, 2,
+        lambda tmp, result: (2, tmp, init_timeout_s, timeout_s, result, 3600.0))
     assert float(elapsed) <= timeout_s + 10 < init_timeout_s, (elapsed, message)

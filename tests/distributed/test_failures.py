@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import tempfile
-import time
 
 import procs
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from harness import run_ranks, start_method
+from harness import frozen_run, run_ranks
 import failure_workers
 
 HERE = os.path.dirname(__file__)
@@ -99,21 +95,8 @@ def test_a_frozen_peer_ends_the_step_within_the_users_timeout(mode, world):
     instead of the user's timeout (issue 33, item 2). 5 s: what is tested is that the user's
     timeout, not PyTorch's 30 minutes, ends it."""
     timeout_s = 5
-    with tempfile.TemporaryDirectory(prefix="thinwire-frozen-") as tmp:
-        result_path = os.path.join(tmp, "rank0.txt")
-        context = mp.start_processes(_frozen_entry,
-                                     args=(world, tmp, timeout_s, result_path, mode),
-                                     nprocs=world, join=False, start_method=start_method())
-        try:
-            deadline = time.monotonic() + 180
-            while not os.path.exists(result_path) and time.monotonic() < deadline:
-                time.sleep(0.5)
-            assert os.path.exists(result_path), "rank 0 never reported: thinwire hung"
-            elapsed, message = open(result_path).read().split("\n", 1)
-        finally:
-            for process in context.processes:
-                if process.is_alive():
-                    os.kill(process.pid, signal.SIGKILL)
+    elapsed, message = frozen_run(_frozen_entry, world,
+                                  lambda tmp, result: (world, tmp, timeout_s, result, mode))
     assert float(elapsed) <= timeout_s + 10, (elapsed, message)
     if mode == "hitopk":
         assert "thinwire hitopk: failed in the" in message

@@ -310,13 +310,26 @@ class _Rounds:
         return False
 
 
+def _transported_step(manager, ranks_per_node=1, sync=None, **kwargs):
+    """A FaultTolerantStep on ``manager`` whose transport (and cross-node group) records the
+    rounds it is told of: (the step, the recorder)."""
+    from types import SimpleNamespace
+
+    model, rounds = _model(), _Rounds()
+    topology = SimpleNamespace(local_rank=0, ranks_per_node=ranks_per_node,
+                               world_size=2 * ranks_per_node, rank=0, nodes=2,
+                               world=_AloneWorld(), inter=rounds)
+    step = per_step.FaultTolerantStep(manager, topology, sync or _NoSync(), model,
+                                      torch.optim.SGD(model.parameters(), lr=0.1),
+                                      transport=rounds, **kwargs)
+    return step, rounds
+
+
 @pytest.mark.parametrize("how", ["reported", "raised", "fine"])
 def test_each_quorum_opens_a_healing_round_and_a_failed_one_is_posted(how):
     """torchft reports a quorum's failure (re-forming the groups, fetching the donor's
     metadata) on that rank alone; the step tells its transport, so that a node-mate healing
     with it stops waiting for this rank's part."""
-    from types import SimpleNamespace
-
     class _Failing(_Quorum):
         def start_quorum(self):
             if how == "raised":
@@ -325,13 +338,7 @@ def test_each_quorum_opens_a_healing_round_and_a_failed_one_is_posted(how):
         def errored(self):
             return "configure failed" if how == "reported" else None
 
-    model = _model()
-    rounds = _Rounds()
-    topology = SimpleNamespace(local_rank=0, ranks_per_node=2, world_size=4, rank=0, nodes=2,
-                               world=_AloneWorld(), inter=rounds)
-    ft = per_step.FaultTolerantStep(_Failing(2), topology, _NoSync(), model,
-                                    torch.optim.SGD(model.parameters(), lr=0.1),
-                                    transport=rounds)
+    ft, rounds = _transported_step(_Failing(2), ranks_per_node=2)
     if how == "raised":
         with pytest.raises(RuntimeError, match="quorum lost"):
             ft.begin()
@@ -405,13 +412,7 @@ def test_a_node_whose_healing_is_refused_quorum_after_quorum_leaves_the_job():
     wrapped = RuntimeError("recovery failed")
     wrapped.__cause__ = UnsafeState("peer state has other entries: ['momentum_buffer']")
     refused = SimpleNamespace(original_exception=wrapped)  # torchft's ExceptionWithTraceback
-    model = _model()
-    rounds = _Rounds()
-    topology = SimpleNamespace(local_rank=0, ranks_per_node=1, world_size=2, rank=0, nodes=2,
-                               world=_AloneWorld(), inter=rounds)
-    ft = per_step.FaultTolerantStep(_Refusing(2), topology, _NoSync(), model,
-                                    torch.optim.SGD(model.parameters(), lr=0.1),
-                                    transport=rounds)
+    ft, _ = _transported_step(_Refusing(2))
     errors[:] = [refused, refused, "configure failed", refused, refused]
     for _ in range(5):
         ft.begin()  # the count starts again after another kind of failure
@@ -439,16 +440,10 @@ def test_the_fault_tolerant_hook_gets_momentum_correction_and_weight_decay():
 def test_a_node_that_heals_drops_its_residual_and_records_it():
     """It rolled back a step the others committed: part of its residual was applied by the
     steps it missed, so it starts with none, as a joining node does, and says so."""
-    from types import SimpleNamespace
-
     class _Holding(_NoSync):
         def residual_mass(self):
             return {"l1": 3.5}
 
-    model = _model()
-    topology = SimpleNamespace(local_rank=0, ranks_per_node=1, world_size=2, rank=0, nodes=2,
-                               world=_AloneWorld(), inter=SimpleNamespace(failed=lambda: False))
-    ft = per_step.FaultTolerantStep(_Quorum(2), topology, _Holding(), model,
-                                    torch.optim.SGD(model.parameters(), lr=0.1), node=1)
+    ft, _ = _transported_step(_Quorum(2), sync=_Holding(), node=1)
     ft.load_user_state(ft.user_state())
     assert ft.dropped_at_heals == [{"step": 0, "residual_l1": 3.5}] and ft.departures == []
