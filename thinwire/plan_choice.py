@@ -50,9 +50,9 @@ def load(plan) -> dict:
 
         try:
             plan = read_json(plan, "plan")
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"plan: {plan} is not a readable JSON plan ({exc}); write one "
-                             "with thinwire plan --json PATH") from None
+        except (OSError, ValueError) as exc:  # its message names the file
+            raise ValueError(f"{exc}: not a readable JSON plan; write one with thinwire plan "
+                             "--json PATH") from None
     if not isinstance(plan, dict):
         raise ValueError(f"plan must be a path or a dict (thinwire plan --json), got "
                          f"{type(plan).__name__}")

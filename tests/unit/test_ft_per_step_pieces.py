@@ -426,7 +426,7 @@ def test_the_fault_tolerant_hook_gets_momentum_correction_and_weight_decay():
     # the optimizer leaves them to the hook under --momentum-correction: the fault-tolerant
     # run's SyncState must get them, as thinwire train's hook does
     from thinwire.train import TrainConfig
-    from thinwire.train.ft_job import sync_settings
+    from thinwire.train.grad_sync import hook_settings as sync_settings
 
     cfg = TrainConfig(model="mlp", algorithm="hitopk", fault_tolerant=True,
                       momentum_correction=True, momentum=0.9, weight_decay=5e-4).validate()

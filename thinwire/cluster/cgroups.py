@@ -331,12 +331,8 @@ def remove_cgroups(paths: list[str]) -> list[str]:
 
 def find_run_cgroups(prefix: str = "thinwire-", max_depth: int = 4) -> list[str]:
     """Every cgroup named `<prefix>*` in the cgroup hierarchies, down to `max_depth` levels."""
-    try:
-        mounts = _mounts(Path("/proc/self/mounts"))
-    except OSError:
-        return []
     found = []
-    for mount, _, _ in mounts:
+    for mount in cgroup_mounts():
         for root, dirs, _ in os.walk(mount):
             depth = len(Path(root).relative_to(mount).parts)
             if depth >= max_depth:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Callable, Iterator
 
 from thinwire.output import write_json_atomic
-from thinwire.cluster.fidelity import assess as assess_fidelity
+from thinwire.cluster.fidelity import assess as assess_fidelity, rate_at
 from thinwire.cluster.accounting import NodeMonitor
 from thinwire.cluster.cgroups import join as join_cgroups
 from thinwire.cluster.coordinator import STORE_ENV
@@ -93,8 +93,7 @@ def node_env(spec: ClusterSpec, node: int, ifname: str, extra: dict | None) -> d
     if spec.link_classes:  # what a rank needs for qos.tos_for_class
         env["THINWIRE_LINK_CLASSES"] = str(spec.link_classes)
     if spec.shaping and spec.inter_node_bps:  # a paced sender (dlcp) needs its link's rate
-        from thinwire.cluster.fidelity import rate_at  # a schedule's 0 s entry sets the start
-
+        # a schedule's 0 s entry sets the start's rate
         env["THINWIRE_INTER_NODE_BPS"] = str(rate_at(spec, 0.0))
         if spec.bandwidth_steps:  # the rate above is the start's only (thinwire.link_probe)
             env["THINWIRE_LINK_RATE_SCHEDULED"] = "1"

@@ -112,7 +112,7 @@ class CompareSettings:
                     nodes=self.nodes, ranks_per_node=self.ranks_per_node,
                     inter_node_bandwidth=None if rate == "none" else rate,
                     shaping=self.shaping or not self.resources, **self.resources),
-                    fields, {"failure_schedule": "--fail"})
+                    fields, {"failure_schedule": "--fail", "shaping": "--no-shaping"})
             except ValueError as exc:
                 failed[rate] = str(exc)
         if failed:

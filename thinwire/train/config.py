@@ -63,9 +63,6 @@ def _validate(self) -> "TrainConfig":
         raise ValueError(f"give --resume {self.resume} or --resume-if-present, not both")
     if self.stop_after and not self.checkpoint:
         raise ValueError("--stop-after needs --checkpoint DIR (to resume from later)")
-    if self.resume is not None and not os.path.isdir(self.resume):
-        raise FileNotFoundError(f"--resume {self.resume!r}: no such directory (the "
-                                f"--checkpoint directory of the run to go on with)")
     if self.waves == 2:
         from thinwire.wavelet.schedule import check_train_config
         check_train_config(self)

@@ -52,7 +52,7 @@ from thinwire.ft import per_step  # noqa: E402
 from thinwire.output import write_json_atomic  # noqa: E402
 from thinwire.train import data as data_sets  # noqa: E402
 from thinwire.train import ft_ddp_peer, models, quality, race_config, workloads  # noqa: E402
-from thinwire.train.grad_sync import sync_options  # noqa: E402
+from thinwire.train.grad_sync import hook_settings  # noqa: E402
 from thinwire.train.config import TrainConfig  # noqa: E402
 from thinwire.train.loop import evaluate, say_training_started, setup_run  # noqa: E402
 from thinwire.train.metrics import Metrics  # noqa: E402
@@ -285,7 +285,9 @@ def _run(cfg: TrainConfig, timeline: dict, *, out: Path | None = None,
                 "step": manager.current_step(), "full_steps": full_steps(),
                 "committed": sum(e[3] for e in events),
                 "rolled_back": ft.rolled_back, "quorums": ft.quorums,
-                "departures": ft.departures, "started_at": STARTED_AT, "began_at": began,
+                "departures": ft.departures,
+                "dropped_at_heals": getattr(ft, "dropped_at_heals", []),  # DDP's peer: none
+                "started_at": STARTED_AT, "began_at": began,
                 "joined_at": joined_at,
                 "timeline_s": {k: v - STARTED_AT for k, v in timeline.items()},
                 "events": events,
@@ -339,25 +341,13 @@ def _thinwire_step(cfg, node, nodes, n, local, lighthouse, node_group, address, 
         node_group=node_group)
     topo = per_step.topology(manager, pg, node_group, n, local, timeout)
     timeline["manager"] = time.time()
-    state = thinwire.SyncState(topo, cfg.algorithm, **sync_settings(cfg))
+    # the run's settings, as `thinwire train` hands them to its hook
+    state = thinwire.SyncState(topo, cfg.algorithm, **hook_settings(cfg))
     ft = holder["ft"] = per_step.FaultTolerantStep(manager, topo, state, model, optimizer,
                                                    scheduler, job_nodes=nodes,
                                                    transport=transport)
     ft.node_store = store  # torchft's cross-node groups meet through it: alive with the step
     return ft, manager, model, state
-
-
-def sync_settings(cfg) -> dict:
-    """The run's settings, as `thinwire train` hands them to its hook (grad_sync.register):
-    with momentum correction the optimizer left momentum and weight decay to the hook
-    (loop._optimizer), so they must reach it here too, or the run trains without either."""
-    return dict(density=cfg.density, selector=cfg.selector, wire=cfg.wire,
-                sparse_wire=cfg.sparse_wire, dense_iterations=cfg.dense_warmup_steps,
-                momentum_correction=cfg.momentum if cfg.momentum_correction else 0.0,
-                weight_decay=cfg.weight_decay if cfg.momentum_correction else 0.0,
-                density_warmup_steps=cfg.density_warmup_steps,
-                density_warmup_from=cfg.density_warmup_from,
-                algorithm_options=sync_options(cfg))
 
 
 if __name__ == "__main__":

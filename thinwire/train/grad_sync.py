@@ -357,21 +357,37 @@ def check_gloo_threads_for_powersgd(group=None) -> None:
                          f"(PyTorch's hook blocks one in a callback), got {threads}")
 
 
+def hook_settings(cfg, switched: bool = False) -> dict:
+    """A run's (a TrainConfig's) settings of its synchronisation, as SyncState's keywords:
+    with momentum correction the optimizer leaves momentum and weight decay to the hook
+    (loop._optimizer), so they are the hook's here. ``switched``: mid-run (a re-planning
+    switch): the warm-ups of the start of training are not run again. The one mapping for
+    the DDP hook (:func:`register_sync`) and the fault-tolerant step (ft_job)."""
+    return dict(density=cfg.density, selector=cfg.selector, wire=cfg.wire,
+                sparse_wire=cfg.sparse_wire,
+                momentum_correction=cfg.momentum if cfg.momentum_correction else 0.0,
+                weight_decay=cfg.weight_decay if cfg.momentum_correction else 0.0,
+                dense_iterations=0 if switched else cfg.dense_warmup_steps,
+                density_warmup_steps=0 if switched else cfg.density_warmup_steps,
+                density_warmup_from=cfg.density_warmup_from,
+                algorithm_options=sync_options(cfg))
+
+
 def register_sync(cfg, model: DistributedDataParallel, ranks_per_node: int | None,
                   switched: bool = False) -> Sync:
     """A run's (a TrainConfig's) per-step synchronisation on a DDP model, with every setting
-    of the run. ``switched``: mid-run (a re-planning switch): the warm-ups of the start of
-    training (dense steps, PowerSGD's too, and a density ramp) are not run again."""
-    return register(model, cfg.algorithm, cfg.density, cfg.selector,
-                    cfg.powersgd_rank, cfg.seed, ranks_per_node,
-                    cfg.momentum if cfg.momentum_correction else 0.0,
-                    0 if switched else cfg.dense_warmup_steps,
-                    cfg.weight_decay if cfg.momentum_correction else 0.0,
-                    wire=cfg.wire, sparse_wire=cfg.sparse_wire,
-                    density_warmup_steps=0 if switched else cfg.density_warmup_steps,
-                    density_warmup_from=cfg.density_warmup_from,
+    of the run (:func:`hook_settings`). ``switched``: mid-run (a re-planning switch): the
+    warm-ups of the start of training (dense steps, PowerSGD's too, and a density ramp) are
+    not run again."""
+    s = hook_settings(cfg, switched)
+    return register(model, cfg.algorithm, s["density"], s["selector"],
+                    cfg.powersgd_rank, cfg.seed, ranks_per_node, s["momentum_correction"],
+                    s["dense_iterations"], s["weight_decay"], wire=s["wire"],
+                    sparse_wire=s["sparse_wire"],
+                    density_warmup_steps=s["density_warmup_steps"],
+                    density_warmup_from=s["density_warmup_from"],
                     powersgd_start_iter=cfg.powersgd_start_iter,
-                    algorithm_options=sync_options(cfg), switched=switched)
+                    algorithm_options=s["algorithm_options"], switched=switched)
 
 
 def sync_options(cfg) -> dict | None:
