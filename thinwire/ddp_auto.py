@@ -195,8 +195,8 @@ def auto_state(ddp_model, plan, topology, ranks_per_node, timeout, settings):
     # collectives with them (a hang, not an error). On the default group: the topology's
     # groups are made after (making them waits for every rank, one that failed here too).
     plan_choice.agree(error, device, "checking its plan and settings",
-                      plan_choice.digest_of(checked) if error is None else 0,
-                      differ="the ranks' plans differ")
+                      plan_choice.digest_of(plan_choice.deciding(checked))
+                      if error is None else 0, differ="the ranks' plans differ")
     topology = topology or Topology.shared(ranks_per_node, timeout)
     algorithm, chosen, record = plan_choice.resolve(checked, topology.ranks_per_node,
                                                     _timeout_s(topology), auto.fits, device,

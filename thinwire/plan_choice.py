@@ -368,6 +368,16 @@ def agree(error: Exception | None, device, what: str, digest: int = 0, group=Non
                          "rank?)")
 
 
+def deciding(plan: dict) -> dict:
+    """What of a checked plan the choices depend on (not where its inputs were read from: a
+    plan made on each node from the same races at other paths decides alike)."""
+    return {key: plan.get(key) for key in ("nodes", "ranks_per_node", "inter_efficiency")} | {
+        "plans": [{"inter_node_bps": at["inter_node_bps"],
+                   "rows": [{key: row.get(key) for key in ("candidate", "algorithm", "settings",
+                                                            "time_to_target_s", "step_s")}
+                            for row in at["rows"]]} for at in plan["plans"]]}
+
+
 def digest_of(value) -> int:
     """A checksum of ``value``'s JSON (keys sorted): alike on ranks that hold equal values."""
     return zlib.crc32(json.dumps(value, sort_keys=True, default=str).encode())

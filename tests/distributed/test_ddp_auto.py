@@ -56,6 +56,14 @@ def test_ranks_whose_plans_differ_all_fail_alike_at_registration(other):
 
 
 
+def test_plans_that_differ_only_where_their_inputs_were_read_agree():
+    # made on each node from the same races, at other paths: they decide alike
+    here, there = plan_of(), plan_of()
+    here["calibration"], there["calibration"] = ["/node0/sweep.json"], ["/node1/sweep.json"]
+    results = run_ranks(auto_workers.register_auto, 2, [here, there])
+    assert all("error" not in r for r in results), results
+
+
 def test_a_plan_one_rank_cannot_read_ends_every_rank_without_a_wait(tmp_path):
     results = run_ranks(auto_workers.register_auto, 2, [plan_of(), str(tmp_path / "no.json")])
     assert "another rank failed at checking its plan" in results[0].get("error", ""), results
