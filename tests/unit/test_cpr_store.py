@@ -135,3 +135,37 @@ def test_a_corrupt_middle_delta_ends_the_chain_there(tmp_path, caplog):
         version, state, deltas = store.load_chain("k")
     assert version == 1 and [int(d["x"]) for d in deltas] == [11]
     assert "1 later delta(s) not applied" in caplog.text
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: d["rows"].view(-1).__setitem__(0, float("nan")),
+     "rows must be a 2-D tensor of finite"),
+    # a (1, dim) accumulator would broadcast over every row it is written to
+    (lambda d: d["optimizer_state"].__setitem__("accumulator", torch.ones(1, 5)),
+     "optimizer_state['accumulator'] must be finite and of the rows' shape"),
+    (lambda d: d.__setitem__("rows", torch.zeros(2, 5)), "rows of shape (ids, 5)"),
+])
+def test_a_delta_that_means_nothing_ends_the_chain_before_it(tmp_path, caplog, damage,
+                                                            message):
+    # checksummed and readable, but not rows of this shard: applied, it would build a state
+    # that never existed; the restore stops before it, as at an unreadable delta
+    shard, opt, gen = _trained_shard()
+    store = CheckpointStore(tmp_path)
+    store.save("s", shard.state_dict())
+    base = shard.state_dict()
+    _step(shard, opt, gen)
+    delta = rows_state(shard, shard.keys[:7])
+    damage(delta)
+    store.save("s", delta, "delta")
+    restored = EmbeddingShard(5, rank=1, world=3, num_rows=300, seed=9)
+    assert restore_shard(store, "s", restored) == 1
+    assert torch.equal(restored.state_dict()["rows"], base["rows"])  # the base, untouched
+    assert message in caplog.text
+
+
+def test_a_full_file_whose_rows_are_not_finite_is_refused(tmp_path):
+    shard, _, _ = _trained_shard()
+    state = shard.state_dict()
+    state["rows"][3, 1] = float("inf")
+    with pytest.raises(ValueError, match="shard state: rows must be a 2-D tensor of finite"):
+        EmbeddingShard(5, rank=1, world=3, num_rows=300).load_state_dict(state)

@@ -146,10 +146,29 @@ class EmbeddingShard:
         if rows.shape != (len(ids), self.dim):
             raise ValueError(f"shard state rows have shape {tuple(rows.shape)}, expected "
                              f"({len(ids)}, {self.dim})")
+        check_rows_state(rows, state["optimizer_state"], "shard state")
         order = torch.argsort(ids)
         self.keys, self._slot = ids[order].clone(), order.clone()
         self.rows = rows.to(self.dtype).clone()
         self.optimizer_state = {k: v.clone() for k, v in state["optimizer_state"].items()}
+
+
+def check_rows_state(rows: torch.Tensor, optimizer_state, where: str) -> None:
+    """Rows and their optimizer state, as a checkpoint holds them, checked for meaning before
+    they are used: finite rows, and each optimizer tensor finite and of the rows' shape (one
+    of shape (1, dim) would broadcast over every row it is written to, silently)."""
+    if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or \
+            not bool(torch.isfinite(rows).all()):
+        raise ValueError(f"{where}: rows must be a 2-D tensor of finite values")
+    if not isinstance(optimizer_state, dict):
+        raise ValueError(f"{where}: optimizer_state must be a dict of tensors, got "
+                         f"{type(optimizer_state).__name__}")
+    for name, value in optimizer_state.items():
+        if not isinstance(value, torch.Tensor) or value.shape != rows.shape or \
+                not bool(torch.isfinite(value).all()):
+            got = tuple(value.shape) if isinstance(value, torch.Tensor) else value
+            raise ValueError(f"{where}: optimizer_state[{name!r}] must be finite and of the "
+                             f"rows' shape {tuple(rows.shape)}, got {got!r}")
 
 
 class SparseOptimizer:

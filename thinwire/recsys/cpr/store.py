@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from thinwire import safefile
-from thinwire.recsys.sharded import EmbeddingShard
+from thinwire.recsys.sharded import EmbeddingShard, check_rows_state
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +155,15 @@ def rows_state(shard: EmbeddingShard, ids: torch.Tensor) -> dict:
 
 
 def apply_rows(shard: EmbeddingShard, delta: dict) -> None:
+    """A delta's rows (and optimizer state) written over ``shard``'s, checked first: its ids
+    a 1-D integer tensor, one finite row of the shard's width for each."""
+    ids, rows = delta.get("ids"), delta.get("rows")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.is_floating_point() or \
+            not isinstance(rows, torch.Tensor) or rows.shape != (len(ids), shard.dim):
+        raise ValueError(f"delta: ids must be a 1-D integer tensor and rows of shape (ids, "
+                         f"{shard.dim}), got ids {getattr(ids, 'shape', ids)!r}, rows "
+                         f"{getattr(rows, 'shape', rows)!r}")
+    check_rows_state(rows, delta.get("optimizer_state"), "delta")
     index = shard.lookup(delta["ids"])
     shard.rows[index] = delta["rows"].to(shard.dtype)
     for name, value in delta["optimizer_state"].items():
@@ -168,6 +177,11 @@ def restore_shard(store: CheckpointStore, key: str, shard: EmbeddingShard) -> in
     returns the full file's version."""
     version, base, deltas = store.load_chain(key)
     shard.load_state_dict(base)
-    for delta in deltas:
-        apply_rows(shard, delta)
+    for position, delta in enumerate(deltas):
+        try:
+            apply_rows(shard, delta)
+        except ValueError as err:  # as an unreadable delta: the state stops before it
+            log.warning("delta %d of %r not applied, nor the %d after it: %s", position + 1,
+                        key, len(deltas) - position - 1, err)
+            break
     return version
