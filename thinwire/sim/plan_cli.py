@@ -205,13 +205,13 @@ def _names(values: list[str] | None) -> list[str] | None:
     return names
 
 
-def check_measured_rates(paths: list[str], rates: list[str]) -> None:
-    """The --measured races hold a candidate's time at one of the planned ``rates`` at least;
-    else there is nothing to check the plan against: say which rates they hold."""
+def check_measured_rates(paths: list[str], measured: dict, rates: list[str]) -> None:
+    """The --measured races (``measured``: their :func:`thinwire.sim.plan.measured_times`)
+    hold a candidate's time at one of the planned ``rates`` at least; else there is nothing
+    to check the plan against: say which rates they hold."""
     from thinwire.sim.calibrate import rate_bps
-    from thinwire.sim.plan import measured_times
 
-    held = {rate for rate, _ in measured_times(paths)}
+    held = {rate for rate, _ in measured}
     if not held & {rate_bps(rate) for rate in rates}:
         shown = sorted("none" if bps is None else f"{bps / 1e6:g}mbit" for bps in held)
         raise ValueError(f"--measured: {', '.join(paths)} hold no race at the planned rates "
@@ -225,8 +225,11 @@ def main(args) -> int:
 
     check_algorithms(_names(args.algorithms), "--algorithms")  # before the fit
     rates = parse_rates(args.inter_node_bandwidth)
-    if args.measured:
-        check_measured_rates(args.measured, rates)
+    measured = None
+    if args.measured:  # read once: checked now, beside the plan after the fit
+        from thinwire.sim.plan import measured_times
+        measured = measured_times(args.measured)
+        check_measured_rates(args.measured, measured, rates)
 
     plan = make_plan(args.calibrate, args.steps_from or args.calibrate, args.workload,
                      args.nodes, args.ranks_per_node, rates,
@@ -237,7 +240,7 @@ def main(args) -> int:
     plan["rows"] = plan["steps_table"]  # what docs/results.md reads, unless --measured
     if args.measured:
         from thinwire.sim.plan import check_against
-        plan["check"] = check_against(plan, args.measured)
+        plan["check"] = check_against(plan, args.measured, measured)
         plan["rows"] = plan["check"]["summary"]  # one per rate (docs/results.md reads rows)
         _print_check(plan["check"])
     if args.json:
